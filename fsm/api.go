@@ -1,0 +1,65 @@
+// Package fsm is the MemoryFS state machine: the replicated inode tree
+// (files, directories, symlinks, hard links, xattrs), client sessions with
+// leases and exclusive opens, and the duplicate-request table, over the
+// content-addressed block store in fsm/block.
+//
+// It is deterministic and does no I/O of its own: Apply depends only on the
+// state and the entry (time comes from Entry.time_ns, which the leader
+// stamps), never on a clock, randomness or map order. Reads (Query) and
+// snapshots work on an immutable view of the tree, so they never stop Apply
+// for longer than a pointer swap. It must never import Raft or the network.
+package fsm
+
+import (
+	"context"
+	"io"
+
+	"github.com/memoryfs/memfs/fsm/block"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// EntryVersion is the Entry.version this code writes and applies.
+const EntryVersion = 1
+
+// Config fixes a state machine's parameters.
+type Config struct {
+	// ChunkSize is the block size, fixed when the cluster is created
+	// (block.DefaultChunkSize when 0). A snapshot records it.
+	ChunkSize int
+	// MemoryLimit caps physical block bytes; writes past it fail with
+	// ENOSPC. 0 means no limit.
+	MemoryLimit uint64
+	// OnChange, if set, is called from Apply (synchronously, on the apply
+	// goroutine) with the inodes and directory entries each entry changed.
+	// It must not block and must not call back into the FSM.
+	OnChange func(*pb.WatchEvent)
+}
+
+// Stats are the state machine's totals at one moment.
+type Stats struct {
+	AppliedIndex uint64
+	Inodes       uint64
+	LogicalBytes uint64 // sum of regular file sizes
+	Block        block.Stats
+	Sessions     uint64
+	ChunkSize    int
+}
+
+// Applier is what the server needs from the state machine; *FSM is one.
+type Applier interface {
+	ApplyBytes(index uint64, data []byte) ([]*pb.Result, error)
+	Query(q *pb.Query) *pb.Result
+	AppliedIndex() uint64
+	WaitApplied(ctx context.Context, index uint64) error
+	Changed() <-chan struct{}
+	Stats() Stats
+	Snapshot() Snapshot
+	Restore(r io.Reader) error
+}
+
+// Snapshot is a captured, immutable state; WriteTo may run concurrently
+// with Apply.
+type Snapshot interface {
+	Index() uint64
+	WriteTo(w io.Writer) (int64, error)
+}

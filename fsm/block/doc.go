@@ -1,0 +1,15 @@
+// Package block is the content-addressed block store under the MemoryFS
+// state machine: immutable chunks of file data keyed by their SHA-256,
+// stored once however many files hold them, reference-counted, and freed
+// when the last reference goes.
+//
+// The store knows nothing of files, paths or Raft. It must never change a
+// block's bytes after Put, never read a clock, and never do I/O: every
+// replica that applies the same Put/Ref/Release calls in the same order
+// holds the same blocks and frees them at the same moment.
+//
+// Memory safety of freed blocks follows the CBUF rule without extra
+// bookkeeping: the store drops its own pointer when the count reaches zero,
+// while readers, snapshots and transfers that still hold the *Block keep its
+// bytes alive until they let go (Go's collector reclaims them afterwards).
+package block

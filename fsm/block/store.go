@@ -1,0 +1,208 @@
+package block
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// DefaultChunkSize is the chunk size of a new cluster.
+const DefaultChunkSize = 64 << 10
+
+// Block is one immutable chunk of data. Its bytes must never be modified.
+type Block struct {
+	hash Hash
+	data []byte
+	refs int64 // guarded by Store.mu
+}
+
+// Hash returns the block's content hash.
+func (b *Block) Hash() Hash { return b.hash }
+
+// Data returns the block's bytes. The slice is shared: callers must not
+// modify it.
+func (b *Block) Data() []byte { return b.data }
+
+// Len returns the block's length in bytes.
+func (b *Block) Len() int { return len(b.data) }
+
+// Stats is a moment's view of the store.
+type Stats struct {
+	Blocks        uint64 // unique blocks stored
+	PhysicalBytes uint64 // bytes of unique blocks
+	Refs          uint64 // references held on them
+	RefBytes      uint64 // bytes those references cover (what a store without dedup holds)
+	Limit         uint64 // byte budget; 0 = none
+}
+
+// DedupRatio is RefBytes / PhysicalBytes, 1 for an empty store.
+func (s Stats) DedupRatio() float64 {
+	if s.PhysicalBytes == 0 {
+		return 1
+	}
+	return float64(s.RefBytes) / float64(s.PhysicalBytes)
+}
+
+// Store holds blocks by hash. Mutations (Put, Ref, Release) are made by the
+// state machine's single apply goroutine; lookups and stats may come from
+// any goroutine.
+type Store struct {
+	chunkSize int
+	limit     uint64
+
+	mu     sync.RWMutex
+	blocks map[Hash]*Block
+
+	physical atomic.Uint64
+	refs     atomic.Uint64
+	refBytes atomic.Uint64
+}
+
+// NewStore returns an empty store. limit caps physical bytes (0 = no cap).
+func NewStore(chunkSize int, limit uint64) (*Store, error) {
+	if chunkSize < 4096 || chunkSize > 16<<20 || chunkSize&(chunkSize-1) != 0 {
+		return nil, fmt.Errorf("block: chunk size %d is not a power of two in [4 KiB, 16 MiB]: %w", chunkSize, syscall.EINVAL)
+	}
+	return &Store{chunkSize: chunkSize, limit: limit, blocks: make(map[Hash]*Block)}, nil
+}
+
+// ChunkSize returns the fixed chunk size.
+func (s *Store) ChunkSize() int { return s.chunkSize }
+
+// Limit returns the byte budget (0 = none).
+func (s *Store) Limit() uint64 { return s.limit }
+
+// SetLimit changes the byte budget. Blocks already stored stay.
+func (s *Store) SetLimit(limit uint64) { s.limit = limit }
+
+// Fits reports whether n more physical bytes stay within the budget.
+func (s *Store) Fits(n uint64) bool {
+	return s.limit == 0 || s.physical.Load()+n <= s.limit
+}
+
+// Get returns the block with hash h, or nil.
+func (s *Store) Get(h Hash) *Block {
+	s.mu.RLock()
+	b := s.blocks[h]
+	s.mu.RUnlock()
+	return b
+}
+
+// Has reports whether the store holds h.
+func (s *Store) Has(h Hash) bool { return s.Get(h) != nil }
+
+// Put stores data (hashed here) with one reference and returns its block.
+// When the content is already stored, the existing block gains a reference
+// and data is not kept. data is copied only when it is new, so the caller
+// may reuse its buffer.
+func (s *Store) Put(data []byte) *Block {
+	return s.PutHashed(Sum(data), data)
+}
+
+// PutHashed is Put for a caller that already hashed data. The caller
+// vouches that h == Sum(data).
+func (s *Store) PutHashed(h Hash, data []byte) *Block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.blocks[h]; b != nil {
+		s.refLocked(b)
+		return b
+	}
+	b := &Block{hash: h, data: append(make([]byte, 0, len(data)), data...)}
+	s.blocks[h] = b
+	s.physical.Add(uint64(len(data)))
+	s.refLocked(b)
+	return b
+}
+
+// Adopt is PutHashed for a buffer the caller hands over: it is stored
+// without a copy when new, so the caller must not touch it afterwards.
+func (s *Store) Adopt(h Hash, data []byte) *Block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.blocks[h]; b != nil {
+		s.refLocked(b)
+		return b
+	}
+	b := &Block{hash: h, data: data}
+	s.blocks[h] = b
+	s.physical.Add(uint64(len(data)))
+	s.refLocked(b)
+	return b
+}
+
+// Ref adds a reference to a stored block (a clone, a hard copy, a write
+// that names a block by hash). It fails with ENOENT if h is not stored.
+func (s *Store) Ref(h Hash) (*Block, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.blocks[h]
+	if b == nil {
+		return nil, fmt.Errorf("block %s: %w", h.Short(), syscall.ENOENT)
+	}
+	s.refLocked(b)
+	return b, nil
+}
+
+// RefBlock adds a reference to b, which must be stored.
+func (s *Store) RefBlock(b *Block) {
+	s.mu.Lock()
+	s.refLocked(b)
+	s.mu.Unlock()
+}
+
+func (s *Store) refLocked(b *Block) {
+	b.refs++
+	s.refs.Add(1)
+	s.refBytes.Add(uint64(len(b.data)))
+}
+
+// Release drops one reference; the block leaves the store at zero.
+// Releasing a block with no references is a bug in the caller and is
+// ignored rather than driving counts negative.
+func (s *Store) Release(b *Block) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.refs <= 0 {
+		return
+	}
+	b.refs--
+	s.refs.Add(^uint64(0))
+	s.refBytes.Add(-uint64(len(b.data)))
+	if b.refs == 0 {
+		delete(s.blocks, b.hash)
+		s.physical.Add(-uint64(len(b.data)))
+	}
+}
+
+// Refs returns the reference count of b.
+func (s *Store) Refs(b *Block) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return b.refs
+}
+
+// Stats returns the current totals.
+func (s *Store) Stats() Stats {
+	s.mu.RLock()
+	n := len(s.blocks)
+	s.mu.RUnlock()
+	return Stats{
+		Blocks:        uint64(n),
+		PhysicalBytes: s.physical.Load(),
+		Refs:          s.refs.Load(),
+		RefBytes:      s.refBytes.Load(),
+		Limit:         s.limit,
+	}
+}
+
+// Each calls fn for every stored block in no particular order; fn must not
+// call back into the store.
+func (s *Store) Each(fn func(*Block)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, b := range s.blocks {
+		fn(b)
+	}
+}
