@@ -661,14 +661,23 @@ func (x *CloseCmd) GetHandle() uint64 {
 // when set, replace data by references to blocks already stored (dedup on
 // the wire, issue 6): block i of the write is hashes[i].
 type WriteCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
-	Loc           *Loc                   `protobuf:"bytes,2,opt,name=loc,proto3" json:"loc,omitempty"`
-	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
-	Append        bool                   `protobuf:"varint,5,opt,name=append,proto3" json:"append,omitempty"`
-	Hashes        [][]byte               `protobuf:"bytes,6,rep,name=hashes,proto3" json:"hashes,omitempty"`
-	Length        uint64                 `protobuf:"varint,7,opt,name=length,proto3" json:"length,omitempty"` // total length when hashes are used
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Handle uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	Loc    *Loc                   `protobuf:"bytes,2,opt,name=loc,proto3" json:"loc,omitempty"`
+	Offset int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Append bool                   `protobuf:"varint,5,opt,name=append,proto3" json:"append,omitempty"`
+	Hashes [][]byte               `protobuf:"bytes,6,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	Length uint64                 `protobuf:"varint,7,opt,name=length,proto3" json:"length,omitempty"` // total length when hashes are used
+	// create: with loc, create the regular file when it is missing (like
+	// open O_CREAT), with mode/uid/gid; truncate: cut it to zero length
+	// before writing. Together they make os.WriteFile one command.
+	Create        bool   `protobuf:"varint,8,opt,name=create,proto3" json:"create,omitempty"`
+	Truncate      bool   `protobuf:"varint,9,opt,name=truncate,proto3" json:"truncate,omitempty"`
+	Mode          uint32 `protobuf:"varint,10,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32 `protobuf:"varint,11,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,12,opt,name=gid,proto3" json:"gid,omitempty"`
+	Excl          bool   `protobuf:"varint,13,opt,name=excl,proto3" json:"excl,omitempty"` // with create: EEXIST if the file exists
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -750,6 +759,48 @@ func (x *WriteCmd) GetLength() uint64 {
 		return x.Length
 	}
 	return 0
+}
+
+func (x *WriteCmd) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+func (x *WriteCmd) GetTruncate() bool {
+	if x != nil {
+		return x.Truncate
+	}
+	return false
+}
+
+func (x *WriteCmd) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *WriteCmd) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *WriteCmd) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *WriteCmd) GetExcl() bool {
+	if x != nil {
+		return x.Excl
+	}
+	return false
 }
 
 type MkdirCmd struct {
@@ -3779,7 +3830,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\texclusive\x18\x06 \x01(\bR\texclusive\x12\x12\n" +
 	"\x04wait\x18\a \x01(\bR\x04wait\"\"\n" +
 	"\bCloseCmd\x12\x16\n" +
-	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xb7\x01\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xb7\x02\n" +
 	"\bWriteCmd\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x1f\n" +
 	"\x03loc\x18\x02 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
@@ -3787,7 +3838,14 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
 	"\x06append\x18\x05 \x01(\bR\x06append\x12\x16\n" +
 	"\x06hashes\x18\x06 \x03(\fR\x06hashes\x12\x16\n" +
-	"\x06length\x18\a \x01(\x04R\x06length\"c\n" +
+	"\x06length\x18\a \x01(\x04R\x06length\x12\x16\n" +
+	"\x06create\x18\b \x01(\bR\x06create\x12\x1a\n" +
+	"\btruncate\x18\t \x01(\bR\btruncate\x12\x12\n" +
+	"\x04mode\x18\n" +
+	" \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\v \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\f \x01(\rR\x03gid\x12\x12\n" +
+	"\x04excl\x18\r \x01(\bR\x04excl\"c\n" +
 	"\bMkdirCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +

@@ -24,8 +24,13 @@ func (b *Block) Hash() Hash { return b.hash }
 // modify it.
 func (b *Block) Data() []byte { return b.data }
 
-// Len returns the block's length in bytes.
-func (b *Block) Len() int { return len(b.data) }
+// Len returns the block's length in bytes; 0 for a nil block (a hole).
+func (b *Block) Len() int {
+	if b == nil {
+		return 0
+	}
+	return len(b.data)
+}
 
 // Stats is a moment's view of the store.
 type Stats struct {
@@ -49,7 +54,7 @@ func (s Stats) DedupRatio() float64 {
 // any goroutine.
 type Store struct {
 	chunkSize int
-	limit     uint64
+	limit     atomic.Uint64 // may change while readers call Stats
 
 	mu     sync.RWMutex
 	blocks map[Hash]*Block
@@ -64,21 +69,34 @@ func NewStore(chunkSize int, limit uint64) (*Store, error) {
 	if chunkSize < 4096 || chunkSize > 16<<20 || chunkSize&(chunkSize-1) != 0 {
 		return nil, fmt.Errorf("block: chunk size %d is not a power of two in [4 KiB, 16 MiB]: %w", chunkSize, syscall.EINVAL)
 	}
-	return &Store{chunkSize: chunkSize, limit: limit, blocks: make(map[Hash]*Block)}, nil
+	st := &Store{chunkSize: chunkSize, blocks: make(map[Hash]*Block)}
+	st.limit.Store(limit)
+	return st, nil
 }
 
 // ChunkSize returns the fixed chunk size.
 func (s *Store) ChunkSize() int { return s.chunkSize }
 
 // Limit returns the byte budget (0 = none).
-func (s *Store) Limit() uint64 { return s.limit }
+func (s *Store) Limit() uint64 { return s.limit.Load() }
 
 // SetLimit changes the byte budget. Blocks already stored stay.
-func (s *Store) SetLimit(limit uint64) { s.limit = limit }
+func (s *Store) SetLimit(limit uint64) { s.limit.Store(limit) }
 
 // Fits reports whether n more physical bytes stay within the budget.
 func (s *Store) Fits(n uint64) bool {
-	return s.limit == 0 || s.physical.Load()+n <= s.limit
+	return s.FitsChange(n, 0)
+}
+
+// FitsChange reports whether a change that stores add new bytes and frees
+// free bytes leaves physical bytes within the budget. A change that does
+// not grow the store always fits, even over a budget lowered since.
+func (s *Store) FitsChange(add, free uint64) bool {
+	limit := s.limit.Load()
+	if limit == 0 || add <= free {
+		return true
+	}
+	return s.physical.Load()+(add-free) <= limit
 }
 
 // Get returns the block with hash h, or nil.
@@ -170,7 +188,7 @@ func (s *Store) Release(b *Block) {
 	b.refs--
 	s.refs.Add(^uint64(0))
 	s.refBytes.Add(-uint64(len(b.data)))
-	if b.refs == 0 {
+	if b.refs == 0 && s.blocks[b.hash] == b {
 		delete(s.blocks, b.hash)
 		s.physical.Add(-uint64(len(b.data)))
 	}
@@ -193,7 +211,7 @@ func (s *Store) Stats() Stats {
 		PhysicalBytes: s.physical.Load(),
 		Refs:          s.refs.Load(),
 		RefBytes:      s.refBytes.Load(),
-		Limit:         s.limit,
+		Limit:         s.limit.Load(),
 	}
 }
 

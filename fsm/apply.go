@@ -1,0 +1,277 @@
+package fsm
+
+import (
+	"math"
+	"slices"
+	"syscall"
+
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// tx applies one entry: a private copy of the state whose trees are open
+// transactions. Handlers validate everything before they change anything,
+// so a command that fails leaves no trace.
+type tx struct {
+	state
+	ev        *changes            // nil when nobody watches
+	fresh     map[uint64]*inode   // inodes copied in this entry, safe to change in place
+	freshSess map[uint64]*session // sessions likewise
+}
+
+func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
+	t := &tx{state: *cur}
+	t.index = index
+	// Log time never goes back, even if a new leader's clock is behind.
+	t.now = max(t.now, timeNs)
+	if watch {
+		t.ev = &changes{}
+	}
+	return t
+}
+
+// changes collects what an entry changed, for Config.OnChange.
+type changes struct {
+	inodes  []uint64
+	entries []*pb.Dirent
+}
+
+func (t *tx) touch(ino uint64) {
+	if t.ev != nil {
+		t.ev.inodes = append(t.ev.inodes, ino)
+	}
+}
+
+func (t *tx) entryChanged(parent uint64, name string) {
+	if t.ev != nil {
+		t.ev.entries = append(t.ev.entries, &pb.Dirent{Ino: parent, Name: name})
+	}
+}
+
+// event lists changed inodes in ascending order, each once, and entries
+// in the order they changed.
+func (c *changes) event(index uint64) *pb.WatchEvent {
+	slices.Sort(c.inodes)
+	return &pb.WatchEvent{Index: index, Inodes: slices.Compact(c.inodes), Entries: c.entries}
+}
+
+// orEmpty lets handlers read a missing sub-message as an empty one.
+func orEmpty[T any, P interface{ *T }](p P) P {
+	if p == nil {
+		return new(T)
+	}
+	return p
+}
+
+// command applies one command with its retry identity.
+func (t *tx) command(c *pb.Command) *pb.Result {
+	if c == nil || c.Op == nil {
+		return errResult(errf(syscall.EINVAL, "command without an operation"))
+	}
+	if op, ok := c.Op.(*pb.Command_OpenSession); ok {
+		r, err := t.openSession(orEmpty(op.OpenSession))
+		if err != nil {
+			return errResult(err)
+		}
+		return r
+	}
+	var sess *session
+	if c.Session != 0 {
+		if sess = t.session(c.Session); sess == nil {
+			return errResult(errf(syscall.ESTALE, "session %d is unknown or expired", c.Session))
+		}
+		sess = t.sessMut(sess)
+		sess.expires = leaseEnd(t.now, sess.leaseMs)
+		if r := sess.recorded(c.Seq); c.Seq != 0 && r != nil {
+			return copyResult(r)
+		}
+		sess.prune(c.Ack)
+	}
+	r, err := t.exec(c, sess)
+	if err != nil {
+		r = errResult(err)
+	} else if r == nil {
+		r = &pb.Result{}
+	}
+	if sess != nil && c.Seq != 0 {
+		if s := t.freshSess[sess.id]; s != nil { // gone if the command ended it
+			s.record(c.Seq, copyResult(r))
+		}
+	}
+	return r
+}
+
+func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
+	switch op := c.Op.(type) {
+	case *pb.Command_Open:
+		return t.open(orEmpty(op.Open), sess)
+	case *pb.Command_Close:
+		return t.closeCmd(orEmpty(op.Close), sess)
+	case *pb.Command_Write:
+		return t.write(orEmpty(op.Write), sess)
+	case *pb.Command_Mkdir:
+		return t.mkdir(orEmpty(op.Mkdir))
+	case *pb.Command_Remove:
+		return t.remove(orEmpty(op.Remove))
+	case *pb.Command_Rename:
+		return t.rename(orEmpty(op.Rename))
+	case *pb.Command_SetAttr:
+		return t.setAttr(orEmpty(op.SetAttr), sess)
+	case *pb.Command_Symlink:
+		return t.symlink(orEmpty(op.Symlink))
+	case *pb.Command_Link:
+		return t.link(orEmpty(op.Link))
+	case *pb.Command_SetXattr:
+		return t.setXattr(orEmpty(op.SetXattr))
+	case *pb.Command_RemoveXattr:
+		return t.removeXattr(orEmpty(op.RemoveXattr))
+	case *pb.Command_Clone:
+		return t.clone(orEmpty(op.Clone))
+	case *pb.Command_KeepAlive:
+		if sess == nil {
+			return nil, errf(syscall.ESTALE, "keep_alive without a session")
+		}
+		return &pb.Result{Session: sess.id, LeaseMs: sess.leaseMs}, nil
+	case *pb.Command_CloseSession:
+		if sess == nil {
+			return nil, errf(syscall.ESTALE, "close_session without a session")
+		}
+		t.endSession(sess.id)
+		return &pb.Result{Session: sess.id}, nil
+	case *pb.Command_Tick:
+		return &pb.Result{}, nil
+	}
+	return nil, errf(syscall.EINVAL, "unknown operation %T", c.Op)
+}
+
+// copyResult copies the fields a command result can carry, so the
+// recorded result never shares memory with the one handed to the caller.
+func copyResult(r *pb.Result) *pb.Result {
+	c := &pb.Result{
+		Errno: r.Errno, Handle: r.Handle, N: r.N, Session: r.Session,
+		Queued: r.Queued, Message: r.Message, LeaseMs: r.LeaseMs,
+	}
+	if a := r.Attr; a != nil {
+		c.Attr = &pb.Attr{
+			Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Size: a.Size,
+			AtimeNs: a.AtimeNs, MtimeNs: a.MtimeNs, CtimeNs: a.CtimeNs,
+			Generation: a.Generation, Blocks: a.Blocks,
+		}
+	}
+	return c
+}
+
+// ---------------------------------------------------------------------------
+// Sessions.
+
+const (
+	defaultLeaseMs = 15_000
+	maxLeaseMs     = 24 * 3600 * 1000
+)
+
+func (t *tx) openSession(x *pb.OpenSessionCmd) (*pb.Result, error) {
+	lease := x.LeaseMs
+	if lease < 0 || lease > maxLeaseMs {
+		return nil, errf(syscall.EINVAL, "lease of %d ms", lease)
+	}
+	if lease == 0 {
+		lease = defaultLeaseMs
+	}
+	if len(x.Client) > maxClientLen {
+		return nil, errf(syscall.EINVAL, "client description of %d bytes", len(x.Client))
+	}
+	s := &session{id: t.nextSession, leaseMs: lease, expires: leaseEnd(t.now, lease), client: x.Client}
+	t.nextSession++
+	t.sessions.put(u64key(s.id), s)
+	if t.minLease == 0 || s.expires < t.minLease {
+		t.minLease = s.expires
+	}
+	return &pb.Result{Session: s.id, LeaseMs: lease}, nil
+}
+
+// leaseEnd is now + ms, saturating instead of overflowing.
+func leaseEnd(now, ms int64) int64 {
+	d := ms * 1_000_000
+	if now > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return now + d
+}
+
+// sessMut returns a private copy of session s for this entry to change
+// (its dups slice is its own, so it can grow in place), reusing the copy
+// made earlier in the entry.
+func (t *tx) sessMut(s *session) *session {
+	if m := t.freshSess[s.id]; m != nil {
+		return m
+	}
+	m := new(session)
+	*m = *s
+	m.dups = append(make([]dupRec, 0, len(s.dups)+4), s.dups...)
+	t.sessions.put(u64key(m.id), m)
+	if t.freshSess == nil {
+		t.freshSess = make(map[uint64]*session)
+	}
+	t.freshSess[m.id] = m
+	return m
+}
+
+// prune drops the recorded results with seq < ack: the client has them.
+func (s *session) prune(ack uint64) {
+	i := 0
+	for i < len(s.dups) && s.dups[i].seq < ack {
+		i++
+	}
+	if i > 0 {
+		s.dups = slices.Delete(s.dups, 0, i)
+	}
+}
+
+// record keeps r as the result of seq.
+func (s *session) record(seq uint64, r *pb.Result) {
+	i, _ := s.dupIndex(seq)
+	s.dups = slices.Insert(s.dups, i, dupRec{seq: seq, r: r})
+	if len(s.dups) > maxDups {
+		s.dups = slices.Delete(s.dups, 0, len(s.dups)-maxDups)
+	}
+}
+
+// expireSessions ends every session whose lease ran out by the entry's
+// time. minLease keeps the common case (nothing due) to one comparison;
+// renewals only push leases later, so it stays a lower bound.
+func (t *tx) expireSessions() {
+	if t.minLease == 0 || t.now < t.minLease {
+		return
+	}
+	var due []uint64
+	var next int64
+	t.sessions.root().Walk(func(_ []byte, s *session) bool {
+		if s.expires <= t.now {
+			due = append(due, s.id)
+		} else if next == 0 || s.expires < next {
+			next = s.expires
+		}
+		return false
+	})
+	t.minLease = next
+	for _, id := range due {
+		t.endSession(id)
+	}
+}
+
+// endSession closes the session's handles (passing its exclusive opens on
+// and dropping its queued ones), forgets its recorded results and removes
+// it.
+func (t *tx) endSession(id uint64) {
+	var hs []uint64
+	t.handles.root().Walk(func(_ []byte, h *handle) bool {
+		if h.session == id {
+			hs = append(hs, h.id)
+		}
+		return false
+	})
+	for _, h := range hs {
+		t.closeHandle(h)
+	}
+	t.sessions.del(u64key(id))
+	delete(t.freshSess, id)
+}

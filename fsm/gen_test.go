@@ -1,0 +1,187 @@
+package fsm_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"syscall"
+
+	"github.com/memoryfs/memfs/fsm"
+	ft "github.com/memoryfs/memfs/fsm/fsmtest"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// logGen produces a random but reproducible command log over a small
+// namespace, so that commands collide (same names, same files) often.
+type logGen struct {
+	rng      *rand.Rand
+	time     int64
+	sessions []uint64 // ids the log may use (some expired)
+	handles  []uint64 // ids handed out so far
+	seq      map[uint64]uint64
+}
+
+func newLogGen(seed uint64) *logGen {
+	return &logGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), time: ft.Start, seq: map[uint64]uint64{}}
+}
+
+var genNames = []string{"a", "b", "c", "d", "e"}
+
+func (g *logGen) path() string {
+	p := ""
+	for range 1 + g.rng.IntN(2) + g.rng.IntN(2) {
+		p += "/" + genNames[g.rng.IntN(len(genNames))]
+	}
+	return p
+}
+
+func (g *logGen) data() []byte {
+	n := g.rng.IntN(3 * cs)
+	b := make([]byte, n)
+	switch g.rng.IntN(3) {
+	case 0: // zeros
+	case 1:
+		for i := range b {
+			b[i] = byte(g.rng.IntN(4)) // few distinct chunks: dedup
+		}
+	default:
+		for i := range b {
+			b[i] = byte(g.rng.Uint32())
+		}
+	}
+	return b
+}
+
+func (g *logGen) handle() uint64 {
+	if len(g.handles) == 0 || g.rng.IntN(10) == 0 {
+		return uint64(g.rng.IntN(5))
+	}
+	return g.handles[g.rng.IntN(len(g.handles))]
+}
+
+// command returns a random command (open_session ids are tracked by
+// counting, which is how the state machine hands them out).
+func (g *logGen) command() *pb.Command {
+	var c *pb.Command
+	switch g.rng.IntN(22) {
+	case 0:
+		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
+	case 1, 2:
+		flags := []uint32{ft.OCreat | ft.ORdwr, ft.ORdonly, ft.OWronly | ft.OAppend, ft.OCreat | ft.OExcl | ft.OWronly, ft.ORdwr | ft.OTrunc}[g.rng.IntN(5)]
+		c = ft.Open(g.path(), flags, 0o644)
+		if g.rng.IntN(3) == 0 {
+			c = ft.OpenExcl(g.path(), flags, g.rng.IntN(2) == 0)
+		}
+	case 3:
+		c = ft.Close(g.handle())
+	case 4, 5, 6:
+		c = ft.Write(g.path(), int64(g.rng.IntN(4*cs)), g.data())
+	case 7:
+		c = ft.WriteH(g.handle(), int64(g.rng.IntN(4*cs)), g.data())
+	case 8:
+		c = ft.Remove(g.path())
+	case 9:
+		c = ft.Rename(g.path(), g.path())
+	case 10:
+		c = ft.Truncate(g.path(), int64(g.rng.IntN(5*cs)))
+	case 11:
+		c = ft.Symlink(g.path(), g.path())
+	case 12:
+		c = ft.Link(g.path(), g.path())
+	case 13:
+		c = ft.SetXattr(g.path(), "user."+genNames[g.rng.IntN(3)], g.data()[:g.rng.IntN(8)], uint32(g.rng.IntN(3)))
+	case 14:
+		c = ft.RemoveXattr(g.path(), "user."+genNames[g.rng.IntN(3)])
+	case 15:
+		c = ft.Clone(g.path(), g.path(), g.rng.IntN(2) == 0)
+	case 16:
+		return ft.OpenSession(int64(1000 + g.rng.IntN(10000))) // sessionless by definition
+	case 17:
+		c = ft.KeepAlive()
+	case 18:
+		c = ft.KeepAlive()
+		if g.rng.IntN(4) == 0 {
+			c = ft.CloseSession()
+		}
+	case 19:
+		c = ft.Chmod(g.path(), uint32(g.rng.IntN(0o10000)))
+	case 20:
+		c = ft.SetAttr(ft.Path(g.path()), &pb.SetAttrCmd{Valid: uint32(g.rng.IntN(256)), Size: int64(g.rng.IntN(3 * cs)), MtimeNs: g.rng.Int64()})
+	default:
+		c = ft.Tick()
+	}
+	if len(g.sessions) > 0 && g.rng.IntN(5) != 0 {
+		s := g.sessions[g.rng.IntN(len(g.sessions))]
+		c.Session = s
+		if g.rng.IntN(4) != 0 {
+			g.seq[s]++
+			c.Seq = g.seq[s]
+			if g.rng.IntN(10) == 0 && c.Seq > 1 {
+				c.Seq -= uint64(g.rng.IntN(int(c.Seq))) // a retry
+			}
+			c.Ack = c.Seq - uint64(g.rng.IntN(int(c.Seq)))
+		}
+	}
+	return c
+}
+
+// entry returns the next entry: one to four commands, time moving on by
+// up to a second (sometimes more, so that leases run out).
+func (g *logGen) entry() *pb.Entry {
+	g.time += int64(g.rng.IntN(300)) * 1e6
+	if g.rng.IntN(200) == 0 {
+		g.time += 5e9
+	}
+	e := ft.Entry(g.time)
+	if len(g.sessions) == 0 {
+		e.Commands = append(e.Commands, ft.OpenSession(5000))
+	}
+	for range 1 + g.rng.IntN(4) {
+		e.Commands = append(e.Commands, g.command())
+	}
+	return e
+}
+
+// observe learns live sessions and handles from an entry's results, so
+// that later commands name them (and, sometimes, stale ones).
+func (g *logGen) observe(e *pb.Entry, res []*pb.Result) {
+	for i, c := range e.Commands {
+		r := res[i]
+		switch c.Op.(type) {
+		case *pb.Command_OpenSession:
+			g.sessions = append(g.sessions, r.Session)
+		case *pb.Command_Open:
+			if r.Handle != 0 {
+				g.handles = append(g.handles, r.Handle)
+			}
+		case *pb.Command_CloseSession:
+			if r.Errno == 0 {
+				g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })
+			}
+		}
+		if r.Errno == uint32(syscall.ESTALE) && g.rng.IntN(2) == 0 {
+			g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })
+		}
+	}
+}
+
+// genLog makes a log of n entries, steered by applying it as it goes.
+func genLog(seed uint64, n int) []*pb.Entry {
+	g := newLogGen(seed)
+	f, err := fsm.New(fsm.Config{ChunkSize: cs, MemoryLimit: genLimit})
+	if err != nil {
+		panic(err)
+	}
+	out := make([]*pb.Entry, n)
+	for i := range out {
+		out[i] = g.entry()
+		g.observe(out[i], f.Apply(uint64(i+1), out[i]))
+	}
+	return out
+}
+
+// genLimit is the memory budget of generated logs: small enough that
+// some writes hit ENOSPC.
+const genLimit = 64 * cs
+
+func (g *logGen) String() string { return fmt.Sprintf("logGen(t=%d)", g.time) }

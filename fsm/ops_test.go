@@ -1,0 +1,208 @@
+package fsm_test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memoryfs/memfs/fsm"
+	ft "github.com/memoryfs/memfs/fsm/fsmtest"
+	pb "github.com/memoryfs/memfs/proto"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRootAndAttrs(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	root := h.MustQ(ft.Stat("/")).Attr
+	require.Equal(t, &pb.Attr{Ino: 1, Mode: syscall.S_IFDIR | 0o755, Nlink: 2}, root)
+	h.Must(&pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/d"), Mode: 0o1777 | syscall.S_IFREG, Uid: 5, Gid: 6}}})
+	d := h.MustQ(ft.Stat("/d")).Attr
+	require.Equal(t, uint32(syscall.S_IFDIR|0o1777), d.Mode, "type bits come from the operation")
+	require.Equal(t, uint32(5), d.Uid)
+	require.Equal(t, uint32(6), d.Gid)
+	require.Equal(t, uint64(h.Index), d.Generation)
+	require.Equal(t, ft.Start, d.MtimeNs)
+	root = h.MustQ(ft.Stat("/")).Attr
+	require.Equal(t, uint32(3), root.Nlink)
+	require.Equal(t, ft.Start, root.MtimeNs, "the parent's mtime moves with its entries")
+	require.Equal(t, d, h.MustQ(ft.StatLoc(ft.At(1, "d"))).Attr, "lookup is stat by parent and name")
+}
+
+func TestSetAttr(t *testing.T) {
+	h := ft.New(t, fsm.Config{ChunkSize: cs})
+	h.Must(ft.Symlink("/x", "/l"))
+	h.OpenSession(60_000)
+	r := h.Must(h.Sess(ft.Create("/f")))
+	h.Advance(time.Second)
+	a := h.Must(ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{
+		Valid: uint32(pb.SetAttrBit_SET_MODE | pb.SetAttrBit_SET_UID | pb.SetAttrBit_SET_GID | pb.SetAttrBit_SET_ATIME | pb.SetAttrBit_SET_MTIME),
+		Mode:  0o4600 | syscall.S_IFDIR, Uid: 7, Gid: 8, AtimeNs: 11, MtimeNs: 22,
+	})).Attr
+	require.Equal(t, uint32(syscall.S_IFREG|0o4600), a.Mode)
+	require.Equal(t, []any{uint32(7), uint32(8), int64(11), int64(22)}, []any{a.Uid, a.Gid, a.AtimeNs, a.MtimeNs})
+	require.Equal(t, h.Time-int64(h.Step), a.CtimeNs)
+	now := h.Time
+	a = h.Must(ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{Valid: uint32(pb.SetAttrBit_SET_ATIME_NOW | pb.SetAttrBit_SET_MTIME_NOW | pb.SetAttrBit_SET_ATIME), AtimeNs: 5})).Attr
+	require.Equal(t, now, a.AtimeNs, "_NOW wins and uses the entry's time")
+	require.Equal(t, now, a.MtimeNs)
+	// ftruncate through a handle; lchown on a symlink.
+	a = h.Must(h.Sess(ft.SetAttr(nil, &pb.SetAttrCmd{Handle: r.Handle, Valid: uint32(pb.SetAttrBit_SET_SIZE), Size: 100}))).Attr
+	require.Equal(t, uint64(100), a.Size)
+	l := h.Must(ft.SetAttr(ft.Lpath("/l"), &pb.SetAttrCmd{Valid: uint32(pb.SetAttrBit_SET_UID), Uid: 9})).Attr
+	require.Equal(t, uint32(9), l.Uid)
+	require.Equal(t, uint32(syscall.S_IFLNK|0o777), l.Mode)
+	// valid == 0 changes nothing, not even ctime.
+	before := h.MustQ(ft.Stat("/f")).Attr
+	require.Equal(t, before, h.Must(ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{})).Attr)
+}
+
+func TestRenameUpdatesLinks(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	h.Must(ft.Mkdir("/a", 0o755))
+	h.Must(ft.Mkdir("/b", 0o755))
+	h.Must(ft.Mkdir("/a/sub", 0o755))
+	h.Must(ft.Mkdir("/b/old", 0o755))
+	sub := ino(t, h, "/a/sub")
+	h.Must(ft.Rename("/a/sub", "/b/old"))
+	require.Equal(t, uint32(2), h.MustQ(ft.Stat("/a")).Attr.Nlink)
+	require.Equal(t, uint32(3), h.MustQ(ft.Stat("/b")).Attr.Nlink)
+	require.Equal(t, sub, ino(t, h, "/b/old"))
+	require.Equal(t, ino(t, h, "/b"), ino(t, h, "/b/old/.."), "'..' follows the move")
+	require.Equal(t, uint64(4), h.F.Stats().Inodes, "the replaced directory is gone")
+	// Symlinks resolve relative to their own directory.
+	h.Must(ft.Symlink("../../a", "/b/old/up"))
+	require.Equal(t, ino(t, h, "/a"), h.MustQ(ft.Stat("/b/old/up")).Attr.Ino)
+	h.Must(ft.Mkdir("/b/old/up/x", 0o755))
+	require.Equal(t, uint32(3), h.MustQ(ft.Stat("/a")).Attr.Nlink)
+}
+
+func TestReadDirPaging(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	h.Must(ft.Mkdir("/d", 0o755))
+	var want []string
+	for i := range 50 {
+		name := fmt.Sprintf("n%03d", (i*37)%50)
+		h.Must(ft.Mkdir("/d/"+name, 0o755))
+		want = append(want, fmt.Sprintf("n%03d", i))
+	}
+	h.Must(ft.Symlink("x", "/d/zlink"))
+	want = append(want, "zlink")
+	var got []string
+	for _, e := range readAll(t, h.F, ino(t, h, "/d")) {
+		got = append(got, e.Name)
+	}
+	require.Equal(t, want, got, "sorted by name, '.' and '..' left out")
+	r := h.MustQ(ft.ReadDir("/d", "n048", 0))
+	require.Equal(t, 2, len(r.Entries))
+	require.True(t, r.Eof)
+	require.Equal(t, "zlink", r.Cookie)
+	require.Equal(t, uint32(syscall.S_IFLNK), r.Entries[1].Mode)
+	r = h.MustQ(ft.ReadDir("/d", "n0485", 1))
+	require.Equal(t, "n049", r.Entries[0].Name, "a cookie need not be a present name")
+	require.False(t, r.Eof)
+	r = h.MustQ(ft.ReadDir("/d", "zlink", 0))
+	require.Empty(t, r.Entries)
+	require.True(t, r.Eof)
+}
+
+func TestXattrs(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	h.Must(ft.Mkdir("/d", 0o755))
+	h.Must(ft.SetXattr("/d", "user.b", []byte("2"), 0))
+	h.Must(ft.SetXattr("/d", "user.a", []byte("1"), 1))
+	h.Must(ft.SetXattr("/d", "user.b", []byte("22"), 2))
+	h.Must(ft.SetXattr("/d", "user.e", nil, 0))
+	require.Equal(t, []string{"user.a", "user.b", "user.e"}, h.MustQ(ft.ListXattr("/d")).Names)
+	require.Equal(t, []byte("22"), h.MustQ(ft.GetXattr("/d", "user.b")).Data)
+	require.Empty(t, h.MustQ(ft.GetXattr("/d", "user.e")).Data)
+	h.Must(ft.RemoveXattr("/d", "user.a"))
+	require.Equal(t, []string{"user.b", "user.e"}, h.MustQ(ft.ListXattr("/d")).Names)
+	// The total per inode is bounded.
+	big := make([]byte, 64<<10)
+	var last *pb.Result
+	for i := range 20 {
+		if last = h.Do(ft.SetXattr("/d", fmt.Sprintf("user.big%d", i), big, 0)); last.Errno != 0 {
+			break
+		}
+	}
+	require.Equal(t, syscall.ENOSPC, errnoOf(last))
+}
+
+func TestOnChange(t *testing.T) {
+	var events []*pb.WatchEvent
+	h := ft.New(t, fsm.Config{OnChange: func(e *pb.WatchEvent) { events = append(events, e) }})
+	h.Must(ft.Mkdir("/d", 0o755))
+	h.Must(ft.Rename("/d", "/e"))
+	h.Must(ft.Tick())
+	require.Len(t, events, 3)
+	require.Equal(t, uint64(1), events[0].Index)
+	require.Equal(t, []uint64{1, 2}, events[0].Inodes)
+	require.Equal(t, []*pb.Dirent{{Ino: 1, Name: "d"}}, stripDirents(events[0].Entries))
+	require.Equal(t, []*pb.Dirent{{Ino: 1, Name: "d"}, {Ino: 1, Name: "e"}}, stripDirents(events[1].Entries))
+	require.Empty(t, events[2].Inodes)
+	require.Empty(t, events[2].Entries)
+
+	// Opening and closing change nothing a client sees; a write does.
+	s := h.OpenSession(10_000)
+	r := h.Must(inSession(s, 0, ft.Create("/f")))
+	f := r.Attr.Ino
+	events = nil
+	h.Must(inSession(s, 0, ft.Open("/f", ft.ORdonly, 0)))
+	h.Must(inSession(s, 0, ft.WriteH(r.Handle, 0, []byte("x"))))
+	h.Must(inSession(s, 0, ft.Close(r.Handle)))
+	require.Empty(t, events[0].Inodes)
+	require.Equal(t, []uint64{f}, events[1].Inodes)
+	require.Empty(t, events[2].Inodes)
+}
+
+func stripDirents(ds []*pb.Dirent) []*pb.Dirent {
+	var out []*pb.Dirent
+	for _, d := range ds {
+		out = append(out, &pb.Dirent{Ino: d.Ino, Name: d.Name})
+	}
+	return out
+}
+
+func TestApplyBytes(t *testing.T) {
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	res, err := f.ApplyBytes(1, ft.Marshal(ft.Entry(1, ft.Mkdir("/a", 0o755), &pb.Command{})))
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	require.Zero(t, res[0].Errno)
+	require.Equal(t, uint32(syscall.EINVAL), res[1].Errno)
+
+	before := dump(t, f)
+	_, err = f.ApplyBytes(2, []byte{0xff, 0xff, 0xff})
+	require.ErrorIs(t, err, syscall.EINVAL)
+	_, err = f.ApplyBytes(3, ft.Marshal(&pb.Entry{Version: 99, Commands: []*pb.Command{ft.Mkdir("/b", 0o755)}}))
+	require.ErrorIs(t, err, syscall.EINVAL)
+	require.Equal(t, before, dump(t, f))
+	require.Equal(t, uint64(3), f.AppliedIndex(), "a refused entry still counts as applied")
+	res = f.Apply(4, &pb.Entry{Commands: []*pb.Command{ft.Mkdir("/b", 0o755)}})
+	require.Equal(t, uint32(syscall.EINVAL), res[0].Errno, "version 0 is unknown")
+	require.Empty(t, f.Apply(5, nil))
+	require.Equal(t, before, dump(t, f))
+}
+
+func TestWaitAppliedAndChanged(t *testing.T) {
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	ch := f.Changed()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, f.WaitApplied(ctx, 1), context.DeadlineExceeded)
+	done := make(chan error)
+	go func() { done <- f.WaitApplied(context.Background(), 2) }()
+	f.Apply(1, ft.Entry(1, ft.Tick()))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Changed was not closed by an apply")
+	}
+	f.Apply(2, ft.Entry(2, ft.Tick()))
+	require.NoError(t, <-done)
+	require.NoError(t, f.WaitApplied(context.Background(), 1))
+}

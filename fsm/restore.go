@@ -1,0 +1,437 @@
+package fsm
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"syscall"
+
+	"github.com/memoryfs/memfs/fsm/block"
+	pb "github.com/memoryfs/memfs/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// Restore replaces the state with a snapshot's. The new state is built
+// and verified in full (every block re-hashed, every reference checked,
+// link and reference counts recomputed) before it is swapped in; on any
+// error the old state stays and the error says what was wrong. The
+// snapshot's chunk size replaces the configured one.
+func (f *FSM) Restore(r io.Reader) error {
+	s, err := readSnapshot(r, f.cfg.MemoryLimit)
+	if err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	f.publish(s)
+	return nil
+}
+
+// badSnap reports a malformed snapshot.
+func badSnap(format string, args ...any) error {
+	return errf(syscall.EINVAL, "snapshot: "+format, args...)
+}
+
+// snapReader reads the stream, checksumming every byte it consumes.
+type snapReader struct {
+	r   *bufio.Reader
+	crc uint32
+}
+
+func (sr *snapReader) full(p []byte) error {
+	if _, err := io.ReadFull(sr.r, p); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return fmt.Errorf("snapshot truncated: %w", err)
+	}
+	sr.crc = crc32.Update(sr.crc, castagnoli, p)
+	return nil
+}
+
+func (sr *snapReader) uvarint() (uint64, error) {
+	var x uint64
+	var b [1]byte
+	for shift := uint(0); shift < 64; shift += 7 {
+		if err := sr.full(b[:]); err != nil {
+			return 0, err
+		}
+		x |= uint64(b[0]&0x7f) << shift
+		if b[0] < 0x80 {
+			return x, nil
+		}
+	}
+	return 0, badSnap("varint overflows 64 bits")
+}
+
+// restorer builds a fresh state from records.
+type restorer struct {
+	s       *state
+	records uint64
+	last    byte   // kind of the previous record
+	lastKey []byte // its key: keys of one kind must rise strictly
+}
+
+func readSnapshot(r io.Reader, limit uint64) (*state, error) {
+	sr := &snapReader{r: bufio.NewReaderSize(r, 1<<20)}
+	magic := make([]byte, len(snapMagic))
+	if err := sr.full(magic); err != nil {
+		return nil, err
+	}
+	if string(magic) != snapMagic {
+		return nil, badSnap("bad magic %q", magic)
+	}
+	v, err := sr.uvarint()
+	if err != nil {
+		return nil, err
+	}
+	if v != snapVersion {
+		return nil, badSnap("version %d, this build reads %d", v, snapVersion)
+	}
+	rs := &restorer{}
+	if err := rs.readRecords(sr, limit); err != nil {
+		return nil, err
+	}
+	want := sr.crc
+	var c [4]byte
+	if err := sr.full(c[:]); err != nil {
+		return nil, err
+	}
+	if got := binary.LittleEndian.Uint32(c[:]); got != want {
+		return nil, badSnap("checksum %08x, computed %08x", got, want)
+	}
+	rs.s.commit()
+	if err := verify(rs.s); err != nil {
+		return nil, err
+	}
+	return rs.s, nil
+}
+
+func (rs *restorer) readRecords(sr *snapReader, limit uint64) error {
+	var scratch []byte
+	for {
+		var k [1]byte
+		if err := sr.full(k[:]); err != nil {
+			return err
+		}
+		kind := k[0]
+		n, err := sr.uvarint()
+		if err != nil {
+			return err
+		}
+		max := uint64(maxRecord)
+		if kind == recBlock && rs.s != nil {
+			max = rs.s.chunkSize + 64
+		}
+		if n > max {
+			return badSnap("record %q of %d bytes", kind, n)
+		}
+		var p []byte
+		if kind == recBlock {
+			p = make([]byte, n) // the store adopts the block's bytes
+		} else {
+			if uint64(cap(scratch)) < n {
+				scratch = make([]byte, n)
+			}
+			p = scratch[:n]
+		}
+		if err := sr.full(p); err != nil {
+			return err
+		}
+		if kind == recEnd {
+			return rs.end(p)
+		}
+		if err := rs.record(kind, p, limit); err != nil {
+			return fmt.Errorf("record %d (%q): %w", rs.records, kind, err)
+		}
+		rs.records++
+	}
+}
+
+func (rs *restorer) end(p []byte) error {
+	if rs.s == nil {
+		return badSnap("no header")
+	}
+	d := dec{b: p}
+	if n := d.u(); d.done() != nil || n != rs.records {
+		return badSnap("end record counts %d records, read %d", n, rs.records)
+	}
+	return nil
+}
+
+// order is the record kinds in the order they must come.
+const order = "HSFLUIDB"
+
+func rank(kind byte) int {
+	if kind == recRef {
+		kind = recBlock
+	}
+	for i := range len(order) {
+		if order[i] == kind {
+			return i
+		}
+	}
+	return -1
+}
+
+func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
+	r := rank(kind)
+	switch {
+	case r < 0:
+		return badSnap("unknown record kind %q", kind)
+	case (rs.s == nil) != (kind == recHeader):
+		return badSnap("the header must come first, once")
+	case r < rank(rs.last):
+		return badSnap("record %q after %q", kind, rs.last)
+	}
+	if kind != rs.last && !(kind == recRef && rs.last == recBlock) && !(kind == recBlock && rs.last == recRef) {
+		rs.lastKey = rs.lastKey[:0]
+	}
+	rs.last = kind
+	d := &dec{b: p}
+	switch kind {
+	case recHeader:
+		return rs.header(d, limit)
+	case recSession:
+		return rs.session(d)
+	case recHandle:
+		return rs.handle(d)
+	case recLock:
+		return rs.lock(d)
+	case recDup:
+		return rs.dup(d)
+	case recInode:
+		return rs.inode(d)
+	case recDirent:
+		return rs.dirent(d)
+	}
+	return rs.chunk(kind, d)
+}
+
+func (rs *restorer) header(d *dec, limit uint64) error {
+	cs := d.u()
+	index, now := d.u(), d.i()
+	nextIno, nextHandle, nextSession, ninodes := d.u(), d.u(), d.u(), d.u()
+	if err := d.done(); err != nil {
+		return err
+	}
+	if cs > 16<<20 {
+		return badSnap("chunk size %d", cs)
+	}
+	if nextIno|nextHandle|nextSession >= 1<<62 {
+		return badSnap("counters out of range")
+	}
+	store, err := block.NewStore(int(cs), limit)
+	if err != nil {
+		return err
+	}
+	s := newState(int(cs), store)
+	s.index, s.now = index, now
+	s.nextIno, s.nextHandle, s.nextSession, s.ninodes = nextIno, nextHandle, nextSession, ninodes
+	rs.s = s
+	return nil
+}
+
+func (rs *restorer) session(d *dec) error {
+	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s()}
+	if err := d.done(); err != nil {
+		return err
+	}
+	return putNew(rs, &rs.s.sessions, u64key(x.id), x)
+}
+
+func (rs *restorer) handle(d *dec) error {
+	h := &handle{id: d.u(), session: d.u(), ino: d.u()}
+	flags, bits := d.u(), d.u()
+	if err := d.done(); err != nil {
+		return err
+	}
+	if flags > 0xffffffff || bits > 3 {
+		return badSnap("handle %d: flags %#x, bits %#x", h.id, flags, bits)
+	}
+	h.flags, h.excl, h.granted = uint32(flags), bits&1 != 0, bits&2 != 0
+	return putNew(rs, &rs.s.handles, u64key(h.id), h)
+}
+
+func (rs *restorer) lock(d *dec) error {
+	ino := d.u()
+	l := &xlock{holder: d.u()}
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		return badSnap("lock on %d: queue of %d", ino, n)
+	}
+	for range n {
+		l.queue = append(l.queue, d.u())
+	}
+	if err := d.done(); err != nil {
+		return err
+	}
+	return putNew(rs, &rs.s.locks, u64key(ino), l)
+}
+
+func (rs *restorer) dup(d *dec) error {
+	sess, seq := d.u(), d.u()
+	data := d.bytes()
+	if err := d.done(); err != nil {
+		return err
+	}
+	r := &pb.Result{}
+	if err := proto.Unmarshal(data, r); err != nil {
+		return badSnap("result of session %d seq %d: %v", sess, seq, err)
+	}
+	x := rs.s.session(sess)
+	if x == nil || seq == 0 {
+		return badSnap("result of session %d seq %d: no such session", sess, seq)
+	}
+	if err := rs.inOrder(pairKey(sess, seq)); err != nil {
+		return err
+	}
+	if len(x.dups) == maxDups {
+		return badSnap("session %d: more than %d results", sess, maxDups)
+	}
+	x.dups = append(x.dups, dupRec{seq: seq, r: r}) // x is not published yet
+	return nil
+}
+
+func (rs *restorer) inode(d *dec) error {
+	n := &inode{ino: d.u(), gen: d.u(), size: d.u(), parent: d.u(), atime: d.i(), mtime: d.i(), ctime: d.i()}
+	mode, nlink, uid, gid := d.u(), d.u(), d.u(), d.u()
+	target := d.s()
+	nx := d.u()
+	if nx > uint64(len(d.b)) {
+		return badSnap("inode %d: %d xattrs", n.ino, nx)
+	}
+	var xs []xattr
+	for range nx {
+		xs = append(xs, xattr{name: d.s(), value: append([]byte{}, d.bytes()...)})
+	}
+	if err := d.done(); err != nil {
+		return err
+	}
+	if mode|nlink|uid|gid > 0xffffffff {
+		return badSnap("inode %d: field over 32 bits", n.ino)
+	}
+	n.mode, n.nlink, n.uid, n.gid = uint32(mode), uint32(nlink), uint32(uid), uint32(gid)
+	if target != "" || len(xs) > 0 {
+		n.ext = &inodeExt{target: target, xattrs: xs}
+	}
+	return putNew(rs, &rs.s.inodes, u64key(n.ino), n)
+}
+
+func (rs *restorer) dirent(d *dec) error {
+	parent, ino, typ := d.u(), d.u(), d.u()
+	if d.err != nil {
+		return d.err
+	}
+	if typ > 0xffffffff {
+		return badSnap("entry type %#x", typ)
+	}
+	return putNew(rs, &rs.s.dirents, dirKey(parent, string(d.b)), dent{ino: ino, typ: uint32(typ)})
+}
+
+func (rs *restorer) chunk(kind byte, d *dec) error {
+	s := rs.s
+	ino, idx := d.u(), d.u()
+	hb := d.take(block.HashSize)
+	if d.err != nil {
+		return d.err
+	}
+	h, _ := block.ParseHash(hb)
+	var b *block.Block
+	if kind == recRef {
+		if err := d.done(); err != nil {
+			return err
+		}
+		var err error
+		if b, err = s.blocks.Ref(h); err != nil {
+			return badSnap("chunk %d/%d names block %s not written before", ino, idx, h.Short())
+		}
+	} else {
+		data := d.b
+		switch {
+		case len(data) == 0 || uint64(len(data)) > s.chunkSize:
+			return badSnap("block %s of %d bytes", h.Short(), len(data))
+		case block.Sum(data) != h:
+			return badSnap("block %s: content does not match its hash", h.Short())
+		}
+		b = s.blocks.Adopt(h, data)
+	}
+	return putNew(rs, &s.chunks, pairKey(ino, idx), b)
+}
+
+// putNew inserts a record whose key must come after the previous one's:
+// the writer walks trees in key order, so anything else is corrupt (and a
+// key cannot come twice).
+func putNew[T any](rs *restorer, t *tab[T], k []byte, v T) error {
+	if err := rs.inOrder(k); err != nil {
+		return err
+	}
+	t.put(k, v)
+	return nil
+}
+
+func (rs *restorer) inOrder(k []byte) error {
+	if len(rs.lastKey) > 0 && bytes.Compare(k, rs.lastKey) <= 0 {
+		return badSnap("key %x out of order", k)
+	}
+	rs.lastKey = append(rs.lastKey[:0], k...)
+	return nil
+}
+
+// dec reads fields from a record's payload; the first error sticks.
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) u() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = badSnap("bad or short uvarint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) i() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.err = badSnap("bad or short varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) take(n uint64) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = badSnap("field of %d bytes, %d left", n, len(d.b))
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) bytes() []byte { return d.take(d.u()) }
+func (d *dec) s() string     { return string(d.bytes()) }
+
+// done checks that the payload was used up exactly.
+func (d *dec) done() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.err = badSnap("%d stray bytes in record", len(d.b))
+	}
+	return d.err
+}

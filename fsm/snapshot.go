@@ -1,0 +1,207 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"io"
+
+	"github.com/memoryfs/memfs/fsm/block"
+	"google.golang.org/protobuf/proto"
+)
+
+// Snapshot stream format (version 1). Everything is written in tree key
+// order, so the same state always gives the same bytes.
+//
+//	magic "MEMFSNAP", uvarint version
+//	records: kind byte, uvarint payload length, payload
+//	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
+//	  'S' session, 'F' handle, 'L' exclusive-open state, 'U' recorded result
+//	  'I' inode, 'D' directory entry
+//	  'B' chunk with its block's bytes (the block's first reference)
+//	  'R' chunk naming a block already written, by hash
+//	  'E' end: the number of records before it
+//	CRC-32C (Castagnoli) of all bytes before it, 4 bytes little-endian
+//
+// Numbers are uvarints, times and signed values varints, strings and byte
+// strings a uvarint length and the bytes; recorded results are protobuf
+// (deterministic marshalling).
+const (
+	snapMagic   = "MEMFSNAP"
+	snapVersion = 1
+
+	recHeader  = 'H'
+	recSession = 'S'
+	recHandle  = 'F'
+	recLock    = 'L'
+	recDup     = 'U'
+	recInode   = 'I'
+	recDirent  = 'D'
+	recBlock   = 'B'
+	recRef     = 'R'
+	recEnd     = 'E'
+
+	maxRecord = 4 << 20 // any record but a block's
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type snapshot struct{ s *state }
+
+// Snapshot captures the current state in O(1): the published state is
+// immutable, and blocks never change, so WriteTo can run while Apply goes
+// on.
+func (f *FSM) Snapshot() Snapshot { return &snapshot{s: f.cur.Load()} }
+
+// Index is the log index the snapshot reflects.
+func (sn *snapshot) Index() uint64 { return sn.s.index }
+
+// WriteTo streams the snapshot. Each unique block's bytes are written
+// once, at its first reference.
+func (sn *snapshot) WriteTo(w io.Writer) (int64, error) {
+	sw := &snapWriter{w: w, buf: make([]byte, 0, 1<<20)}
+	sw.raw([]byte(snapMagic))
+	sw.raw(binary.AppendUvarint(nil, snapVersion))
+	sn.records(sw)
+	sw.record(recEnd, binary.AppendUvarint(nil, sw.records), nil)
+	sw.flush()
+	if sw.err == nil {
+		var c [4]byte
+		binary.LittleEndian.PutUint32(c[:], sw.crc)
+		sw.write(c[:])
+	}
+	return sw.n, sw.err
+}
+
+func (sn *snapshot) records(sw *snapWriter) {
+	s := sn.s
+	var e enc
+	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
+	sw.record(recHeader, e.b, nil)
+	s.sessions.root().Walk(func(_ []byte, x *session) bool {
+		sw.record(recSession, e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).b, nil)
+		return sw.err != nil
+	})
+	s.handles.root().Walk(func(_ []byte, h *handle) bool {
+		bits := uint64(0)
+		if h.excl {
+			bits |= 1
+		}
+		if h.granted {
+			bits |= 2
+		}
+		sw.record(recHandle, e.reset().u(h.id).u(h.session).u(h.ino).u(uint64(h.flags)).u(bits).b, nil)
+		return sw.err != nil
+	})
+	s.locks.root().Walk(func(k []byte, l *xlock) bool {
+		e.reset().u(be.Uint64(k)).u(l.holder).u(uint64(len(l.queue)))
+		for _, id := range l.queue {
+			e.u(id)
+		}
+		sw.record(recLock, e.b, nil)
+		return sw.err != nil
+	})
+	mo := proto.MarshalOptions{Deterministic: true}
+	s.sessions.root().Walk(func(_ []byte, x *session) bool {
+		for _, d := range x.dups {
+			data, err := mo.Marshal(d.r)
+			if err != nil {
+				sw.err = err
+				return true
+			}
+			sw.record(recDup, e.reset().u(x.id).u(d.seq).bytes(data).b, nil)
+		}
+		return sw.err != nil
+	})
+	s.inodes.root().Walk(func(_ []byte, n *inode) bool {
+		sw.record(recInode, encodeInode(e.reset(), n).b, nil)
+		return sw.err != nil
+	})
+	s.dirents.root().Walk(func(k []byte, d dent) bool {
+		sw.record(recDirent, e.reset().u(be.Uint64(k)).u(d.ino).u(uint64(d.typ)).b, k[8:])
+		return sw.err != nil
+	})
+	written := make(map[block.Hash]struct{})
+	s.chunks.root().Walk(func(k []byte, b *block.Block) bool {
+		h := b.Hash()
+		e.reset().u(be.Uint64(k)).u(be.Uint64(k[8:]))
+		e.b = append(e.b, h[:]...)
+		if _, ok := written[h]; ok {
+			sw.record(recRef, e.b, nil)
+		} else {
+			written[h] = struct{}{}
+			sw.record(recBlock, e.b, b.Data())
+		}
+		return sw.err != nil
+	})
+}
+
+func encodeInode(e *enc, n *inode) *enc {
+	e.u(n.ino).u(n.gen).u(n.size).u(n.parent).i(n.atime).i(n.mtime).i(n.ctime)
+	e.u(uint64(n.mode)).u(uint64(n.nlink)).u(uint64(n.uid)).u(uint64(n.gid))
+	e.s(n.target()).u(uint64(len(n.xattrs())))
+	for _, a := range n.xattrs() {
+		e.s(a.name).bytes(a.value)
+	}
+	return e
+}
+
+// enc appends the snapshot's field encodings.
+type enc struct{ b []byte }
+
+func (e *enc) reset() *enc         { e.b = e.b[:0]; return e }
+func (e *enc) u(v uint64) *enc     { e.b = binary.AppendUvarint(e.b, v); return e }
+func (e *enc) i(v int64) *enc      { e.b = binary.AppendVarint(e.b, v); return e }
+func (e *enc) s(v string) *enc     { e.u(uint64(len(v))); e.b = append(e.b, v...); return e }
+func (e *enc) bytes(v []byte) *enc { e.u(uint64(len(v))); e.b = append(e.b, v...); return e }
+
+// snapWriter buffers, counts and checksums the stream; the first error
+// sticks and stops further writes.
+type snapWriter struct {
+	w       io.Writer
+	buf     []byte
+	n       int64
+	crc     uint32
+	records uint64
+	err     error
+}
+
+// record writes one record whose payload is head followed by tail.
+func (sw *snapWriter) record(kind byte, head, tail []byte) {
+	var hdr [1 + binary.MaxVarintLen64]byte
+	hdr[0] = kind
+	l := binary.PutUvarint(hdr[1:], uint64(len(head)+len(tail)))
+	sw.raw(hdr[:1+l])
+	sw.raw(head)
+	sw.raw(tail)
+	sw.records++
+}
+
+func (sw *snapWriter) raw(p []byte) {
+	if len(sw.buf)+len(p) > cap(sw.buf) {
+		sw.flush()
+	}
+	if len(p) > cap(sw.buf)/2 {
+		sw.crc = crc32.Update(sw.crc, castagnoli, p)
+		sw.write(p)
+		return
+	}
+	sw.buf = append(sw.buf, p...)
+}
+
+func (sw *snapWriter) flush() {
+	if len(sw.buf) == 0 {
+		return
+	}
+	sw.crc = crc32.Update(sw.crc, castagnoli, sw.buf)
+	sw.write(sw.buf)
+	sw.buf = sw.buf[:0]
+}
+
+func (sw *snapWriter) write(p []byte) {
+	if sw.err != nil {
+		return
+	}
+	n, err := sw.w.Write(p)
+	sw.n += int64(n)
+	sw.err = err
+}

@@ -1,0 +1,79 @@
+package fsm
+
+import (
+	"testing"
+
+	pb "github.com/memoryfs/memfs/proto"
+	"github.com/stretchr/testify/require"
+)
+
+// verifyFixture is a state with a directory, a file with data, a symlink,
+// an open handle with an exclusive open, and a recorded result.
+func verifyFixture(t *testing.T) *FSM {
+	f, err := New(Config{ChunkSize: 4096})
+	require.NoError(t, err)
+	cmds := []*pb.Command{
+		{Op: &pb.Command_OpenSession{OpenSession: &pb.OpenSessionCmd{LeaseMs: 10_000}}},
+		{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: &pb.Loc{Path: "/a"}, Mode: 0o755}}},
+		{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: &pb.Loc{Path: "/a/b"}, Mode: 0o755}}},
+		{Session: 1, Seq: 1, Op: &pb.Command_Open{Open: &pb.OpenCmd{Loc: &pb.Loc{Path: "/a/f"}, Flags: oCreat | oRdwr, Exclusive: true}}},
+		{Op: &pb.Command_Write{Write: &pb.WriteCmd{Loc: &pb.Loc{Path: "/a/f"}, Data: []byte("data")}}},
+		{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{Loc: &pb.Loc{Path: "/s"}, Target: "/a"}}},
+	}
+	for i, r := range f.Apply(1, &pb.Entry{Version: EntryVersion, TimeNs: 1e9, Commands: cmds}) {
+		require.Zero(t, r.Errno, "command %d: %s", i, r.Message)
+	}
+	return f
+}
+
+func TestVerifyCatchesBrokenInvariants(t *testing.T) {
+	const a, b, file, link = 2, 3, 4, 5
+	edit := func(s *state, ino uint64, fn func(n *inode)) {
+		n := *s.inode(ino)
+		fn(&n)
+		s.inodes.put(u64key(ino), &n)
+	}
+	tests := []struct {
+		name    string
+		corrupt func(s *state)
+		want    string
+	}{
+		{"entry names missing inode", func(s *state) { s.dirents.put(dirKey(a, "x"), dent{ino: 99, typ: modeReg}) }, "names inode 99"},
+		{"entry type differs", func(s *state) { s.dirents.put(dirKey(a, "f"), dent{ino: file, typ: modeDir}) }, "type"},
+		{"entry with bad name", func(s *state) { s.dirents.put(dirKey(a, "x/y"), dent{ino: file, typ: modeReg}) }, "bad name"},
+		{"file nlink", func(s *state) { edit(s, file, func(n *inode) { n.nlink = 2 }) }, "nlink 2"},
+		{"dir nlink", func(s *state) { edit(s, a, func(n *inode) { n.nlink = 2 }) }, "directory 2"},
+		{"nameless and closed", func(s *state) { s.dirents.del(dirKey(1, "s")) }, "no name"},
+		{"chunk past size", func(s *state) { edit(s, file, func(n *inode) { n.size = 2 }) }, "past its size"},
+		{"chunk on a directory", func(s *state) { b0, _ := s.chunks.get(pairKey(file, 0)); s.chunks.put(pairKey(a, 0), b0) }, "not a regular file"},
+		{"handle of missing session", func(s *state) { s.sessions.del(u64key(1)) }, "missing session"},
+		{"lock names missing handle", func(s *state) { s.locks.put(u64key(file), &xlock{holder: 1, queue: []uint64{7}}) }, "names handle 7"},
+		{"exclusive handle without lock", func(s *state) { s.locks.del(u64key(file)) }, "not in its inode's lock"},
+		{"inode number past counter", func(s *state) { s.nextIno = 3 }, "next 3"},
+		{"empty symlink", func(s *state) { edit(s, link, func(n *inode) { n.ext = nil }) }, "target of 0 bytes"},
+		{"root missing", func(s *state) { s.inodes.del(u64key(rootIno)); s.ninodes-- }, "root"},
+		{"inode count", func(s *state) { s.ninodes++ }, "header says"},
+		{"directory cycle off the root", func(s *state) {
+			// a holds b; now b also holds a, and nothing holds a.
+			s.dirents.del(dirKey(1, "a"))
+			s.dirents.put(dirKey(b, "a"), dent{ino: a, typ: modeDir})
+			edit(s, a, func(n *inode) { n.parent = b })
+			edit(s, b, func(n *inode) { n.nlink = 3 })
+			edit(s, rootIno, func(n *inode) { n.nlink = 2 })
+		}, "reachable"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := verifyFixture(t)
+			s := *f.cur.Load()
+			s.logical, s.minLease = 0, 0
+			require.NoError(t, verify(&s), "the fixture itself must verify")
+			s = *f.cur.Load()
+			tc.corrupt(&s)
+			s.commit()
+			err := verify(&s)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
