@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/client"
+)
+
+// byteSize is a flag value like 256MiB, 4KiB, 1GiB, 1MB or 4096.
+type byteSize int64
+
+// Set parses s with parseSize (server.go), the syntax of every size flag.
+func (b *byteSize) Set(s string) error {
+	n, err := parseSize(s)
+	if err == nil && n > 1<<50 {
+		err = fmt.Errorf("size %q is too large", s)
+	}
+	*b = byteSize(n)
+	return err
+}
+
+func (b *byteSize) String() string { return formatBytes(int64(*b)) }
+func (b *byteSize) Type() string   { return "size" }
+
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.mult && n%u.mult == 0 {
+			return fmt.Sprintf("%d%s", n/u.mult, u.suffix)
+		}
+		if n >= u.mult {
+			return fmt.Sprintf("%.1f%s", float64(n)/float64(u.mult), u.suffix)
+		}
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+var bench = struct {
+	json        bool
+	total, size byteSize
+	concurrency int
+	creates     int
+	clients     int
+	fileSize    byteSize
+	phases      string
+	keep        bool
+}{total: 256 << 20, size: 1 << 20, concurrency: 16, creates: 10000, clients: 32, fileSize: 4 << 10,
+	phases: "write,read,create"}
+
+var benchCmd = &cobra.Command{
+	Use:   "bench",
+	Short: "Measure write and read throughput and file creates against a cluster",
+	Long: `Measure the cluster: sequential write, then read, of --total bytes in
+operations of --size (default 1 MiB) with --concurrency operations in flight
+on one file; then --creates files of --file-size (default 4 KiB) written by
+--clients concurrent clients, each with its own session. Reports throughput
+(MB = 10^6 bytes) and p50/p99 latency of the operations of each phase.
+Everything it creates is under /.bench-* and is removed at the end.
+--timeout bounds each operation.`,
+	Args: cobra.NoArgs,
+	RunE: runBench,
+}
+
+func init() {
+	f := benchCmd.Flags()
+	f.BoolVar(&bench.json, "json", false, "print one JSON object")
+	f.Var(&bench.total, "total", "bytes to write and read in the throughput phases")
+	f.Var(&bench.size, "size", "bytes per write or read operation")
+	f.IntVar(&bench.concurrency, "concurrency", bench.concurrency, "operations in flight in the throughput phases")
+	f.IntVar(&bench.creates, "creates", bench.creates, "files to create in the create phase")
+	f.IntVar(&bench.clients, "clients", bench.clients, "concurrent clients (sessions) in the create phase")
+	f.Var(&bench.fileSize, "file-size", "size of each created file")
+	f.StringVar(&bench.phases, "phases", bench.phases, "phases to run: write, read (needs write), create")
+	f.BoolVar(&bench.keep, "keep", false, "keep the files the benchmark made")
+	rootCmd.AddCommand(benchCmd)
+}
+
+// phaseResult is one phase of the report; the JSON names are stable.
+type phaseResult struct {
+	Phase     string  `json:"phase"`
+	Ops       int     `json:"ops"`
+	OpBytes   int64   `json:"op_bytes"`
+	Bytes     int64   `json:"bytes"`
+	Seconds   float64 `json:"seconds"`
+	MBPerSec  float64 `json:"mb_per_s"`
+	OpsPerSec float64 `json:"ops_per_s"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	Workers   int     `json:"workers"`
+}
+
+type benchReport struct {
+	Cluster []string      `json:"cluster"`
+	Leader  string        `json:"leader"`
+	Phases  []phaseResult `json:"phases"`
+}
+
+func runBench(cmd *cobra.Command, _ []string) error {
+	if err := checkBenchFlags(); err != nil {
+		return usageError{err}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	setup, cancel := context.WithTimeout(ctx, timeoutFlag)
+	cmd.SetContext(setup)
+	c, err := newClient(cmd)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c = c.WithContext(ctx)
+	st, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	dir := fmt.Sprintf("/.bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if err := c.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	rep := benchReport{Cluster: clusterAddrs(), Leader: st.Leader}
+	err = runPhases(ctx, cmd, c, dir, &rep)
+	if !bench.keep {
+		if cerr := cleanup(ctx, c, dir); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if bench.json {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return printBench(cmd.OutOrStdout(), rep)
+}
+
+func checkBenchFlags() error {
+	switch {
+	case bench.size <= 0 || bench.total < bench.size:
+		return errors.New("--size must be positive and at most --total")
+	case bench.concurrency < 1 || bench.clients < 1 || bench.creates < 0:
+		return errors.New("--concurrency and --clients must be at least 1")
+	}
+	for _, p := range strings.Split(bench.phases, ",") {
+		if !slices.Contains([]string{"write", "read", "create"}, strings.TrimSpace(p)) {
+			return fmt.Errorf("unknown phase %q", p)
+		}
+	}
+	if phase("read") && !phase("write") {
+		return errors.New("the read phase reads what the write phase wrote")
+	}
+	return nil
+}
+
+func phase(name string) bool {
+	for _, p := range strings.Split(bench.phases, ",") {
+		if strings.TrimSpace(p) == name {
+			return true
+		}
+	}
+	return false
+}
+
+func runPhases(ctx context.Context, cmd *cobra.Command, c *client.Client, dir string, rep *benchReport) error {
+	if phase("write") {
+		w, r, err := throughput(ctx, c, dir+"/seq")
+		if err != nil {
+			return err
+		}
+		rep.Phases = append(rep.Phases, w)
+		if phase("read") {
+			rep.Phases = append(rep.Phases, r)
+		}
+	}
+	if phase("create") && bench.creates > 0 {
+		res, err := creates(ctx, cmd, dir)
+		if err != nil {
+			return err
+		}
+		rep.Phases = append(rep.Phases, res)
+	}
+	return nil
+}
+
+// throughput writes --total bytes to name in --size operations, then reads
+// them back, with --concurrency operations in flight.
+func throughput(ctx context.Context, c *client.Client, name string) (phaseResult, phaseResult, error) {
+	size := int(bench.size)
+	ops := int(int64(bench.total) / int64(bench.size))
+	f, err := c.Create(name)
+	if err != nil {
+		return phaseResult{}, phaseResult{}, err
+	}
+	defer f.Close()
+	// Random data, a different window of it per operation, so that block
+	// dedup cannot skip any of the work.
+	src := make([]byte, 2*size)
+	rng := rand.NewChaCha8([32]byte{1})
+	_, _ = rng.Read(src)
+	window := func(i int) []byte { o := (i * 4099) % size; return src[o : o+size] }
+
+	w, err := runOps(ctx, "write", ops, bench.concurrency, int64(size), func(ctx context.Context, i, _ int) error {
+		_, err := f.WriteAt(window(i), int64(i)*int64(size))
+		return err
+	})
+	if err != nil || !phase("read") {
+		return w, phaseResult{}, err
+	}
+	bufs := make([][]byte, bench.concurrency)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+	}
+	r, err := runOps(ctx, "read", ops, bench.concurrency, int64(size), func(ctx context.Context, i, worker int) error {
+		n, err := f.ReadAt(bufs[worker], int64(i)*int64(size))
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if n != size {
+			return fmt.Errorf("read %d of %d bytes at op %d", n, size, i)
+		}
+		return nil
+	})
+	return w, r, err
+}
+
+// creates writes --creates files of --file-size with --clients clients,
+// each with its own session and directory.
+func creates(ctx context.Context, cmd *cobra.Command, dir string) (phaseResult, error) {
+	clients := make([]*client.Client, bench.clients)
+	defer func() {
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, len(clients))
+	for i := range clients {
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+			defer cancel()
+			sub := *cmd
+			sub.SetContext(sctx)
+			c, err := newClient(&sub)
+			if err == nil {
+				clients[i] = c.WithContext(ctx)
+				err = clients[i].Mkdir(fmt.Sprintf("%s/c%d", dir, i), 0o755)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return phaseResult{}, err
+	}
+	body := make([]byte, bench.fileSize)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	return runOps(ctx, "create", bench.creates, bench.clients, int64(bench.fileSize), func(_ context.Context, i, worker int) error {
+		// Each file differs in its first bytes, like real small files.
+		data := slices.Clone(body)
+		copy(data, strconv.Itoa(i))
+		return clients[worker].WriteFile(fmt.Sprintf("%s/c%d/f%d", dir, worker, i), data, 0o644)
+	})
+}
+
+// runOps runs ops operations on workers goroutines (op i is handed to the
+// next free worker in order) and measures each.
+func runOps(ctx context.Context, name string, ops, workers int, opBytes int64, op func(ctx context.Context, i, worker int) error) (phaseResult, error) {
+	lat := make([]time.Duration, ops)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= ops || ctx.Err() != nil {
+					return
+				}
+				t0 := time.Now()
+				err := op(ctx, i, w)
+				lat[i] = time.Since(t0)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("%s phase: %w", name, err)
+					}
+					mu.Unlock()
+					next.Store(int64(ops))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return phaseResult{}, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return phaseResult{}, err
+	}
+	slices.Sort(lat)
+	secs := elapsed.Seconds()
+	return phaseResult{
+		Phase: name, Ops: ops, OpBytes: opBytes, Bytes: int64(ops) * opBytes, Seconds: secs,
+		MBPerSec: float64(int64(ops)*opBytes) / 1e6 / secs, OpsPerSec: float64(ops) / secs,
+		P50Ms: ms(percentile(lat, 0.50)), P99Ms: ms(percentile(lat, 0.99)), Workers: workers,
+	}, nil
+}
+
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// cleanup removes the benchmark's tree, each create directory by its own
+// goroutine so that it takes seconds, not minutes.
+func cleanup(ctx context.Context, c *client.Client, dir string) error {
+	ents, err := c.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(ents))
+	sem := make(chan struct{}, 16)
+	for i, e := range ents {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = c.WithContext(ctx).RemoveAll(path.Join(dir, e.Name()))
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	return c.Remove(dir)
+}
+
+func printBench(out io.Writer, rep benchReport) error {
+	fmt.Fprintf(out, "memfs bench against %s (leader %s)\n\n", strings.Join(rep.Cluster, ","), rep.Leader)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "phase\tops\top size\tin flight\ttime\tthroughput\tp50\tp99")
+	for _, p := range rep.Phases {
+		rate := fmt.Sprintf("%.1f MB/s", p.MBPerSec)
+		if p.Phase == "create" {
+			rate = fmt.Sprintf("%.0f files/s", p.OpsPerSec)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%.2fs\t%s\t%.1fms\t%.1fms\n", p.Phase, p.Ops, formatBytes(p.OpBytes),
+			p.Workers, p.Seconds, rate, p.P50Ms, p.P99Ms)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/client"
+)
+
+// newClient connects to the --cluster addresses under cmd's context. The
+// client retries for at most --timeout and logs session trouble to stderr.
+func newClient(cmd *cobra.Command) (*client.Client, error) {
+	addrs := clusterAddrs()
+	if len(addrs) == 0 {
+		return nil, usageError{fmt.Errorf("no cluster addresses: set --cluster or MEMFS_CLUSTER")}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := client.New(cmd.Context(), addrs,
+		client.WithRetryTimeout(timeoutFlag),
+		client.WithLogger(log),
+		client.WithName("memfs "+cmd.Name()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to cluster: %w", err)
+	}
+	return c, nil
+}
+
+// clientRun adapts a file command: it sets up the command's context (Ctrl-C
+// and --timeout), connects, runs f with a client bound to that context,
+// and closes the client.
+func clientRun(f func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx, cancel := commandContext()
+		defer cancel()
+		cmd.SetContext(ctx)
+		c, err := newClient(cmd)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return f(ctx, cmd, c.WithContext(ctx), args)
+	}
+}

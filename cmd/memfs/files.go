@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// copyBuf is the size of the pieces put and get move: large enough that a
+// piece is one streamed command, small enough to keep memory flat.
+const copyBuf = 8 << 20
+
+var (
+	lsLong     bool
+	mkdirAll   bool
+	rmAll      bool
+	lnSymbolic bool
+)
+
+var lsCmd = &cobra.Command{
+	Use:   "ls [-l] [PATH]",
+	Short: "List a directory (default /)",
+	Args:  cobra.MaximumNArgs(1),
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+		name := "/"
+		if len(args) == 1 {
+			name = args[0]
+		}
+		return list(cmd.OutOrStdout(), c, name)
+	}),
+}
+
+func list(out io.Writer, c *client.Client, name string) error {
+	fi, err := c.Lstat(name)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		name string
+		fi   fs.FileInfo
+	}
+	var rows []row
+	if fi.IsDir() {
+		ents, err := c.ReadDir(name)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			row := row{name: e.Name()}
+			if lsLong {
+				if row.fi, err = e.Info(); err != nil {
+					return err
+				}
+			}
+			rows = append(rows, row)
+		}
+	} else {
+		rows = append(rows, row{name: name, fi: fi})
+	}
+	if !lsLong {
+		for _, r := range rows {
+			fmt.Fprintln(out, r.name)
+		}
+		return nil
+	}
+	for _, r := range rows {
+		a := r.fi.Sys().(*pb.Attr)
+		target := ""
+		if r.fi.Mode()&fs.ModeSymlink != 0 {
+			p := r.name
+			if fi.IsDir() {
+				p = path.Join(name, r.name)
+			}
+			if t, err := c.Readlink(p); err == nil {
+				target = " -> " + t
+			}
+		}
+		fmt.Fprintf(out, "%s %3d %5d %5d %10d %s %s%s\n", r.fi.Mode(), a.Nlink, a.Uid, a.Gid,
+			r.fi.Size(), r.fi.ModTime().Format("Jan _2 15:04"), r.name, target)
+	}
+	return nil
+}
+
+var statCmd = &cobra.Command{
+	Use:   "stat PATH",
+	Short: "Show a file's attributes (without following a final symlink)",
+	Args:  cobra.ExactArgs(1),
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+		fi, err := c.Lstat(args[0])
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			pe.Op = "stat"
+		}
+		if err != nil {
+			return err
+		}
+		a := fi.Sys().(*pb.Attr)
+		out := cmd.OutOrStdout()
+		fmt.Fprintf(out, "  File: %s\n", args[0])
+		fmt.Fprintf(out, "  Size: %-12d Blocks: %-8d %s\n", a.Size, a.Blocks, kind(fi.Mode()))
+		fmt.Fprintf(out, " Inode: %-12d Links: %-8d Generation: %d\n", a.Ino, a.Nlink, a.Generation)
+		fmt.Fprintf(out, "Access: (%04o/%s)  Uid: %d  Gid: %d\n", a.Mode&0o7777, fi.Mode(), a.Uid, a.Gid)
+		for _, t := range []struct {
+			name string
+			ns   int64
+		}{{"Access", a.AtimeNs}, {"Modify", a.MtimeNs}, {"Change", a.CtimeNs}} {
+			fmt.Fprintf(out, "%s: %s\n", t.name, time.Unix(0, t.ns).Format("2006-01-02 15:04:05.000000000 -0700"))
+		}
+		return nil
+	}),
+}
+
+func kind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	case m.IsRegular():
+		return "regular file"
+	}
+	return "other"
+}
+
+var catCmd = &cobra.Command{
+	Use:   "cat PATH...",
+	Short: "Print files to standard output",
+	Args:  cobra.MinimumNArgs(1),
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+		for _, name := range args {
+			if err := getTo(cmd.OutOrStdout(), c, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}),
+}
+
+// getTo copies remote file name to w.
+func getTo(w io.Writer, c *client.Client, name string) error {
+	f, err := c.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := io.CopyBuffer(onlyWriter{w}, onlyReader{f}, make([]byte, copyBuf)); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// onlyReader and onlyWriter hide ReaderFrom/WriterTo so that io.CopyBuffer
+// uses our buffer size.
+type onlyReader struct{ io.Reader }
+type onlyWriter struct{ io.Writer }
+
+var putCmd = &cobra.Command{
+	Use:   "put LOCAL REMOTE",
+	Short: "Copy a local file (or - for standard input) into the cluster",
+	Long: `Copy a local file (or - for standard input) into the cluster. If REMOTE is
+an existing directory the file keeps its name inside it. Each piece of up to
+8 MiB is committed before the next is sent.`,
+	Args: cobra.ExactArgs(2),
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+		local, remote := args[0], args[1]
+		var in io.Reader = cmd.InOrStdin()
+		if local != "-" {
+			f, err := os.Open(local)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in = f
+			if fi, err := c.Stat(remote); err == nil && fi.IsDir() {
+				remote = path.Join(remote, path.Base(local))
+			}
+		}
+		out, err := c.OpenFile(remote, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := io.CopyBuffer(onlyWriter{out}, onlyReader{in}, make([]byte, copyBuf)); err != nil {
+			_ = out.Close()
+			return err
+		}
+		return out.Close()
+	}),
+}
+
+var getCmd = &cobra.Command{
+	Use:   "get REMOTE LOCAL",
+	Short: "Copy a file out of the cluster (LOCAL - for standard output)",
+	Args:  cobra.ExactArgs(2),
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+		remote, local := args[0], args[1]
+		if local == "-" {
+			return getTo(cmd.OutOrStdout(), c, remote)
+		}
+		if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+			local = path.Join(local, path.Base(remote))
+		}
+		f, err := os.Create(local)
+		if err != nil {
+			return err
+		}
+		if err := getTo(f, c, remote); err != nil {
+			_ = f.Close()
+			return err
+		}
+		return f.Close()
+	}),
+}
+
+var mkdirCmd = &cobra.Command{
+	Use:   "mkdir [-p] PATH...",
+	Short: "Create directories",
+	Args:  cobra.MinimumNArgs(1),
+	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+		for _, name := range args {
+			mk := c.Mkdir
+			if mkdirAll {
+				mk = c.MkdirAll
+			}
+			if err := mk(name, 0o755); err != nil {
+				return err
+			}
+		}
+		return nil
+	}),
+}
+
+var rmCmd = &cobra.Command{
+	Use:   "rm [-r] PATH...",
+	Short: "Remove files, symlinks and empty directories (-r: whole trees)",
+	Args:  cobra.MinimumNArgs(1),
+	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+		for _, name := range args {
+			if rmAll {
+				// Like rm -r, a missing path is an error.
+				if _, err := c.Lstat(name); err != nil {
+					return err
+				}
+				if err := c.RemoveAll(name); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := c.Remove(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}),
+}
+
+var mvCmd = &cobra.Command{
+	Use:   "mv SRC DST",
+	Short: "Rename or move a file or directory (into DST if it is a directory)",
+	Args:  cobra.ExactArgs(2),
+	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+		src, dst := args[0], args[1]
+		if fi, err := c.Stat(dst); err == nil && fi.IsDir() {
+			dst = path.Join(dst, path.Base(src))
+		}
+		return c.Rename(src, dst)
+	}),
+}
+
+var lnCmd = &cobra.Command{
+	Use:   "ln [-s] TARGET LINK",
+	Short: "Create a hard link (or with -s a symbolic link) LINK to TARGET",
+	Args:  cobra.ExactArgs(2),
+	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+		if lnSymbolic {
+			return c.Symlink(args[0], args[1])
+		}
+		return c.Link(args[0], args[1])
+	}),
+}
+
+func init() {
+	lsCmd.Flags().BoolVarP(&lsLong, "long", "l", false, "show mode, links, owner, size and time")
+	mkdirCmd.Flags().BoolVarP(&mkdirAll, "parents", "p", false, "create missing parents; no error if it exists")
+	rmCmd.Flags().BoolVarP(&rmAll, "recursive", "r", false, "remove directories and their contents")
+	lnCmd.Flags().BoolVarP(&lnSymbolic, "symbolic", "s", false, "make a symbolic link")
+	rootCmd.AddCommand(lsCmd, statCmd, catCmd, putCmd, getCmd, mkdirCmd, rmCmd, mvCmd, lnCmd)
+}

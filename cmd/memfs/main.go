@@ -1,0 +1,121 @@
+// Command memfs runs MemoryFS nodes (server, up) and talks to a running
+// cluster (status, node, and the file commands).
+//
+// It only wires packages together: the node is package server, the file
+// commands use package client. It must not hold logic those packages need.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// defaultCluster matches the API addresses `memfs up` uses by default.
+const defaultCluster = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+
+var rootCmd = &cobra.Command{
+	Use:   "memfs",
+	Short: "MemoryFS: a replicated in-memory file system",
+	Long: `MemoryFS keeps a POSIX-like file tree in the memory of 3 or 5 nodes,
+replicated with Raft. Start a local cluster with "memfs up", then use the
+file commands against it.`,
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+var (
+	clusterFlag string
+	timeoutFlag time.Duration
+)
+
+func init() {
+	def := os.Getenv("MEMFS_CLUSTER")
+	if def == "" {
+		def = defaultCluster
+	}
+	rootCmd.PersistentFlags().StringVar(&clusterFlag, "cluster", def,
+		"comma-separated API addresses of cluster nodes (env MEMFS_CLUSTER)")
+	rootCmd.PersistentFlags().DurationVar(&timeoutFlag, "timeout", 30*time.Second,
+		"give up on a command after this long")
+	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+}
+
+// clusterAddrs returns the --cluster addresses.
+func clusterAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(clusterFlag, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// commandContext is the context of a client command: cancelled by Ctrl-C
+// or SIGTERM, and after --timeout.
+func commandContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+	return ctx, func() { cancel(); stop() }
+}
+
+// usageError marks a mistake in the command line (exit status 2).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// cobraUsage are the beginnings of cobra's own command-line errors.
+var cobraUsage = []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ",
+	"requires at least", "requires at most", "invalid argument", "flag needs an argument",
+	"required flag", "if any flags in the group"}
+
+func isUsage(err error) bool {
+	var u usageError
+	if errors.As(err, &u) {
+		return true
+	}
+	for _, p := range cobraUsage {
+		if strings.HasPrefix(err.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+var rpcPrefix = regexp.MustCompile(`rpc error: code = \w+ desc = `)
+
+// errorText makes an error readable: gRPC's "rpc error: code = ... desc ="
+// wrapping goes, and the common network failures get a hint.
+func errorText(err error) string {
+	msg := rpcPrefix.ReplaceAllString(err.Error(), "")
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+		return msg + fmt.Sprintf(" (gave up after --timeout %v)", timeoutFlag)
+	case strings.Contains(msg, "connection refused"):
+		return msg + fmt.Sprintf(" (is the cluster running? --cluster is %q)", clusterFlag)
+	}
+	return msg
+}
+
+func main() {
+	err := rootCmd.Execute()
+	if err == nil {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "memfs: %s\n", errorText(err))
+	if isUsage(err) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/server"
+)
+
+var serverFlags struct {
+	id, data, raftAddr, apiAddr, raftAdvertise, apiAdvertise, unix string
+	bootstrap, ephemeral, nonvoter                                 bool
+	join                                                           []string
+	logStore, memoryLimit, chunkSize, metricsAddr                  string
+	logLevel, logFormat, raftLogLevel                              string
+	tuning                                                         server.RaftTuning
+}
+
+var serverCmd = &cobra.Command{
+	Use:   "server",
+	Short: "Run one MemoryFS node",
+	Long: `Run one MemoryFS node until SIGINT or SIGTERM, which stop it gracefully
+(a leader hands leadership over first).
+
+A new cluster starts with one node run with --bootstrap; the others are run
+with --join naming members' API addresses. A node restarted on its data dir
+comes back with its state and needs neither flag.`,
+	Args: cobra.NoArgs,
+	RunE: runServer,
+}
+
+func init() {
+	f := serverCmd.Flags()
+	sf := &serverFlags
+	f.StringVar(&sf.id, "id", "", "node id, unique in the cluster for all time (required)")
+	f.StringVar(&sf.data, "data", "", "data directory for the Raft log and snapshots (required unless --ephemeral)")
+	f.StringVar(&sf.raftAddr, "raft-addr", "127.0.0.1:7101", "address for Raft traffic between nodes")
+	f.StringVar(&sf.apiAddr, "api-addr", "127.0.0.1:7001", "address of the gRPC API for clients and nodes")
+	f.StringVar(&sf.raftAdvertise, "raft-advertise", "", "Raft address other nodes dial, if not --raft-addr")
+	f.StringVar(&sf.apiAdvertise, "api-advertise", "", "API address given to others, if not --api-addr")
+	f.StringVar(&sf.unix, "unix", "", "also serve the API on this Unix socket")
+	f.BoolVar(&sf.bootstrap, "bootstrap", false, "create a new cluster with this node (only if the data dir is empty)")
+	f.StringSliceVar(&sf.join, "join", nil, "API addresses of members to ask for admission (comma-separated)")
+	f.BoolVar(&sf.nonvoter, "nonvoter", false, "join as a non-voting member")
+	f.BoolVar(&sf.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
+	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
+	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
+	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
+	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
+	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
+	d := server.DefaultRaftTuning()
+	t := &sf.tuning
+	f.DurationVar(&t.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft follower timeout before an election")
+	f.DurationVar(&t.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft candidate timeout")
+	f.DurationVar(&t.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease (<= heartbeat timeout)")
+	f.Uint64Var(&t.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
+	f.Uint64Var(&t.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept behind a snapshot (< snapshot threshold)")
+	f.DurationVar(&t.SnapshotInterval, "snapshot-interval", d.SnapshotInterval, "how often to check the snapshot threshold")
+	f.IntVar(&t.MaxInflightApplies, "max-inflight-applies", d.MaxInflightApplies, "batched log entries the leader keeps in flight")
+	f.IntVar(&t.MaxAppendEntries, "max-append-entries", d.MaxAppendEntries, "log entries per AppendEntries RPC and per leader disk write")
+	rootCmd.AddCommand(serverCmd)
+}
+
+func runServer(cmd *cobra.Command, _ []string) error {
+	sf := &serverFlags
+	if sf.id == "" {
+		return usageError{errors.New("--id is required")}
+	}
+	if sf.data == "" && !sf.ephemeral {
+		return usageError{errors.New("--data is required (or --ephemeral)")}
+	}
+	logger, err := newLogger(sf.logLevel, sf.logFormat)
+	if err != nil {
+		return usageError{err}
+	}
+	limit, err := memoryLimit(sf.memoryLimit)
+	if err != nil {
+		return usageError{fmt.Errorf("--memory-limit: %w", err)}
+	}
+	var chunk uint64
+	if sf.chunkSize != "" {
+		if chunk, err = parseSize(sf.chunkSize); err != nil {
+			return usageError{fmt.Errorf("--chunk-size: %w", err)}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := server.Config{
+		ID: sf.id, DataDir: sf.data, RaftAddr: sf.raftAddr, APIAddr: sf.apiAddr,
+		RaftAdvertise: sf.raftAdvertise, APIAdvertise: sf.apiAdvertise, UnixSocket: sf.unix,
+		Bootstrap: sf.bootstrap, Join: sf.join, NonVoter: sf.nonvoter,
+		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
+		MemoryLimit: limit, ChunkSize: int(chunk), Raft: sf.tuning,
+		Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if sf.metricsAddr != "" {
+		if err := serveMetrics(ctx, sf.metricsAddr, reg, logger); err != nil {
+			return err
+		}
+	}
+	node, err := server.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	logger.Info("serving", "id", sf.id, "api_addr", node.APIAddr(), "raft_addr", node.RaftAddr(),
+		"memory_limit", limit)
+	<-ctx.Done()
+	logger.Info("signal received; stopping")
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return node.Close(cctx)
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// serveMetrics serves /metrics until ctx ends.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	return nil
+}
+
+// memoryLimit parses --memory-limit; empty means a quarter of RAM.
+func memoryLimit(s string) (uint64, error) {
+	if s != "" {
+		return parseSize(s)
+	}
+	total, err := memTotal()
+	if err != nil {
+		return 1 << 30, nil // cannot tell: a modest budget
+	}
+	return total / 4, nil
+}
+
+// memTotal reads MemTotal from /proc/meminfo.
+func memTotal() (uint64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseUint(fields[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+	{"B", 1},
+}
+
+// parseSize reads a byte count such as 4096, 64KiB, 512MiB, 4GiB or 1.5G
+// (single letters are binary units).
+func parseSize(s string) (uint64, error) {
+	in := strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(strings.ToUpper(in), strings.ToUpper(u.suffix)) {
+			in, mult = strings.TrimSpace(in[:len(in)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(in, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("%q is not a size (try 4096, 64KiB, 512MiB or 4GiB)", s)
+	}
+	n := v * float64(mult)
+	if n >= 1<<63 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return uint64(n), nil
+}

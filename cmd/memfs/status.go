@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+var statusJSON bool
+
+var statusCmd = &cobra.Command{
+	Use:   "status",
+	Short: "Show the cluster's leader, nodes and usage",
+	Args:  cobra.NoArgs,
+	RunE: func(cmd *cobra.Command, _ []string) error {
+		ctx, cancel := commandContext()
+		defer cancel()
+		var st *pb.StatusResponse
+		err := callCluster(ctx, func(ctx context.Context, c pb.MemFSClient) error {
+			var err error
+			st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		report := newStatusReport(st)
+		if statusJSON {
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(report)
+		}
+		return report.print(cmd.OutOrStdout())
+	},
+}
+
+func init() {
+	statusCmd.Flags().BoolVar(&statusJSON, "json", false, "print one JSON object (fields are stable for scripts)")
+	rootCmd.AddCommand(statusCmd)
+}
+
+// statusReport is the JSON shape of `memfs status --json`. Scripts rely on
+// these names: add fields, never rename them.
+type statusReport struct {
+	Leader        string       `json:"leader"`
+	LeaderAPIAddr string       `json:"leader_api_addr"`
+	Nodes         []nodeReport `json:"nodes"`
+	Inodes        uint64       `json:"inodes"`
+	LogicalBytes  uint64       `json:"logical_bytes"`
+	PhysicalBytes uint64       `json:"physical_bytes"`
+	BlockCount    uint64       `json:"block_count"`
+	MemoryLimit   uint64       `json:"memory_limit"`
+	Sessions      uint64       `json:"sessions"`
+	ChunkSize     uint32       `json:"chunk_size"`
+}
+
+type nodeReport struct {
+	ID           string `json:"id"`
+	APIAddr      string `json:"api_addr"`
+	RaftAddr     string `json:"raft_addr"`
+	State        string `json:"state"`
+	AppliedIndex uint64 `json:"applied_index"`
+	CommitIndex  uint64 `json:"commit_index"`
+	LastLogIndex uint64 `json:"last_log_index"`
+	Voter        bool   `json:"voter"`
+	Error        string `json:"error,omitempty"`
+}
+
+func newStatusReport(st *pb.StatusResponse) statusReport {
+	r := statusReport{
+		Leader: st.Leader, LeaderAPIAddr: st.LeaderApiAddr, Nodes: []nodeReport{},
+		Inodes: st.Inodes, LogicalBytes: st.LogicalBytes, PhysicalBytes: st.PhysicalBytes,
+		BlockCount: st.BlockCount, MemoryLimit: st.MemoryLimit, Sessions: st.Sessions, ChunkSize: st.ChunkSize,
+	}
+	for _, n := range st.Nodes {
+		r.Nodes = append(r.Nodes, nodeReport{
+			ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State,
+			AppliedIndex: n.AppliedIndex, CommitIndex: n.CommitIndex, LastLogIndex: n.LastLogIndex,
+			Voter: n.Voter, Error: n.Error,
+		})
+	}
+	return r
+}
+
+func (r statusReport) print(w io.Writer) error {
+	leader := r.Leader
+	if leader == "" {
+		leader = "(none: election in progress?)"
+	}
+	fmt.Fprintf(w, "leader: %s %s\n\n", leader, r.LeaderAPIAddr)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tERROR")
+	for _, n := range r.Nodes {
+		state := n.State
+		if state == "" {
+			state = "?"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr, n.AppliedIndex, n.Voter, n.Error)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	dedup := 1.0
+	if r.PhysicalBytes > 0 {
+		dedup = float64(r.LogicalBytes) / float64(r.PhysicalBytes)
+	}
+	fmt.Fprintf(w, "\ninodes %d, files hold %s, stored %s in %d blocks (%.2fx dedup), memory limit %s, chunk %s, %d sessions\n",
+		r.Inodes, humanBytes(r.LogicalBytes), humanBytes(r.PhysicalBytes), r.BlockCount, dedup,
+		humanBytes(r.MemoryLimit), humanBytes(uint64(r.ChunkSize)), r.Sessions)
+	return nil
+}
+
+// humanBytes prints n with a binary unit.
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// adminDial opens a raw gRPC connection to one node (the admin commands do
+// not need the client library's sessions and retries).
+func adminDial(addr string) (*grpc.ClientConn, error) {
+	if strings.HasPrefix(addr, "/") {
+		addr = "unix://" + addr
+	}
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// callCluster runs fn against the --cluster nodes in turn until one
+// answers with anything but UNAVAILABLE.
+func callCluster(ctx context.Context, fn func(context.Context, pb.MemFSClient) error) error {
+	addrs := clusterAddrs()
+	if len(addrs) == 0 {
+		return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+	}
+	var errs []error
+	for _, addr := range addrs {
+		conn, err := adminDial(addr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		err = fn(ctx, pb.NewMemFSClient(conn))
+		_ = conn.Close()
+		if status.Code(err) != codes.Unavailable {
+			return err
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", addr, status.Convert(err).Message()))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("no node answered: %w", errors.Join(errs...))
+}

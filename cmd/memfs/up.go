@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server"
+)
+
+var upFlags struct {
+	nodes       int
+	dir         string
+	basePort    int
+	logStore    string
+	memoryLimit string
+	ephemeral   bool
+}
+
+var upCmd = &cobra.Command{
+	Use:   "up",
+	Short: "Start a local cluster of node processes on 127.0.0.1",
+	Long: `Start a local cluster: one "memfs server" process per node on 127.0.0.1
+(node i serves the API on base-port+i and Raft on base-port+100+i), wait for
+a leader, and print what to try next. Ctrl-C stops every node. Data stays
+in --dir, so a second "memfs up" on the same dir finds the old files.`,
+	Args: cobra.NoArgs,
+	RunE: runUp,
+}
+
+func init() {
+	f := upCmd.Flags()
+	f.IntVar(&upFlags.nodes, "nodes", 3, "number of nodes")
+	f.StringVar(&upFlags.dir, "dir", ".memfs-cluster", "directory for the nodes' data and logs")
+	f.IntVar(&upFlags.basePort, "base-port", 7000, "node i listens on base-port+i (API) and base-port+100+i (Raft)")
+	f.StringVar(&upFlags.logStore, "log-store", server.LogStoreBolt, "Raft log store of every node: bolt, wal or mem")
+	f.StringVar(&upFlags.memoryLimit, "memory-limit", "", "memory limit of every node (default: the server's)")
+	f.BoolVar(&upFlags.ephemeral, "ephemeral", false, "keep Raft state in memory (nothing persists)")
+	rootCmd.AddCommand(upCmd)
+}
+
+// upNode is one child process.
+type upNode struct {
+	ID, APIAddr, RaftAddr, DataDir, LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // its exit status; read after done
+}
+
+// upCluster is what `memfs up` started; hooks receive it.
+type upCluster struct {
+	Dir   string
+	Nodes []*upNode
+	Out   io.Writer
+
+	exits chan *upNode // each node once, when it exits
+}
+
+// APIAddrs returns the nodes' API addresses.
+func (c *upCluster) APIAddrs() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		out = append(out, n.APIAddr)
+	}
+	return out
+}
+
+// upHook runs once the cluster has a leader (for example to mount it); the
+// returned stop runs before the nodes are stopped. Other files register
+// hooks, and their flags on upCmd, in init().
+type upHook func(ctx context.Context, c *upCluster) (stop func(), err error)
+
+var upHooks []upHook
+
+func runUp(cmd *cobra.Command, _ []string) error {
+	if upFlags.nodes < 1 {
+		return usageError{errors.New("--nodes must be at least 1")}
+	}
+	if upFlags.basePort < 1 || upFlags.basePort+100+upFlags.nodes > 65535 {
+		return usageError{fmt.Errorf("--base-port %d leaves no room for %d nodes", upFlags.basePort, upFlags.nodes)}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := planUp(cmd.OutOrStdout())
+	if err != nil {
+		return err
+	}
+	defer c.stopAll()
+	if err := c.start(); err != nil {
+		return err
+	}
+	if err := c.waitReady(ctx, 60*time.Second); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(c.Out, "interrupted; stopping the cluster...")
+			return nil // Ctrl-C before the cluster was ready: a normal stop
+		}
+		return err
+	}
+	var stops []func()
+	for _, h := range upHooks {
+		s, err := h(ctx, c)
+		if err != nil {
+			return err
+		}
+		if s != nil {
+			stops = append(stops, s)
+		}
+	}
+	c.printNext()
+	err = c.wait(ctx)
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
+	return err
+}
+
+// planUp lays out the nodes and decides who bootstraps: node 1, and only
+// when no node dir holds Raft state yet.
+func planUp(out io.Writer) (*upCluster, error) {
+	dir, err := filepath.Abs(upFlags.dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &upCluster{Dir: dir, Out: out, exits: make(chan *upNode, upFlags.nodes)}
+	for i := 1; i <= upFlags.nodes; i++ {
+		c.Nodes = append(c.Nodes, &upNode{
+			ID:       fmt.Sprintf("n%d", i),
+			APIAddr:  fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+i),
+			RaftAddr: fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+100+i),
+			DataDir:  filepath.Join(dir, fmt.Sprintf("node%d", i)),
+			LogPath:  filepath.Join(dir, fmt.Sprintf("node%d.log", i)),
+		})
+	}
+	return c, nil
+}
+
+// start launches every node as a child process of this executable.
+func (c *upCluster) start() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	fresh := true
+	if !upFlags.ephemeral {
+		for _, n := range c.Nodes {
+			has, err := server.HasState(n.DataDir)
+			if err != nil {
+				return fmt.Errorf("inspect %s: %w", n.DataDir, err)
+			}
+			fresh = fresh && !has
+		}
+	}
+	for i, n := range c.Nodes {
+		args := []string{"server", "--id", n.ID, "--data", n.DataDir,
+			"--raft-addr", n.RaftAddr, "--api-addr", n.APIAddr, "--log-store", upFlags.logStore}
+		if upFlags.memoryLimit != "" {
+			args = append(args, "--memory-limit", upFlags.memoryLimit)
+		}
+		if upFlags.ephemeral {
+			args = append(args, "--ephemeral")
+		}
+		if i == 0 && fresh {
+			args = append(args, "--bootstrap")
+		} else if others := otherAddrs(c, n); len(others) > 0 {
+			// Ignored by a node that already has state.
+			args = append(args, "--join", strings.Join(others, ","))
+		}
+		if err := n.launch(exe, args, c.exits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func otherAddrs(c *upCluster, self *upNode) []string {
+	var out []string
+	for _, n := range c.Nodes {
+		if n != self {
+			out = append(out, n.APIAddr)
+		}
+	}
+	return out
+}
+
+func (n *upNode) launch(exe string, args []string, exits chan<- *upNode) error {
+	log, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "--- %s: %s %s\n", time.Now().Format(time.RFC3339), exe, strings.Join(args, " "))
+	n.cmd = exec.Command(exe, args...)
+	n.cmd.Stdout, n.cmd.Stderr = log, log
+	// Own process group: Ctrl-C reaches only `up`, which stops the nodes
+	// in order.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		log.Close()
+		return fmt.Errorf("start node %s: %w", n.ID, err)
+	}
+	n.done = make(chan struct{})
+	go func() {
+		n.err = n.cmd.Wait()
+		log.Close()
+		close(n.done)
+		exits <- n
+	}()
+	return nil
+}
+
+// waitReady polls the nodes until one reports a leader and every node is a
+// member, or a node exits, or timeout.
+func (c *upCluster) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case n := <-c.exits:
+			return fmt.Errorf("node %s exited (%v); see %s", n.ID, n.err, n.LogPath)
+		default:
+		}
+		if st, err := c.status(ctx); err == nil && st.Leader != "" && c.allMembers(st) {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not ready: %w (logs in %s)", ctx.Err(), c.Dir)
+		}
+	}
+}
+
+func (c *upCluster) allMembers(st *pb.StatusResponse) bool {
+	seen := map[string]bool{}
+	for _, n := range st.Nodes {
+		if n.Error == "" && n.State != "" {
+			seen[n.Id] = true
+		}
+	}
+	for _, n := range c.Nodes {
+		if !seen[n.ID] {
+			return false
+		}
+	}
+	return true
+}
+
+// status asks the nodes in turn for the cluster status.
+func (c *upCluster) status(ctx context.Context) (*pb.StatusResponse, error) {
+	var errs []error
+	for _, addr := range c.APIAddrs() {
+		conn, err := adminDial(addr)
+		if err != nil {
+			return nil, err
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := pb.NewMemFSClient(conn).Status(sctx, &pb.StatusRequest{Version: pb.Version})
+		cancel()
+		_ = conn.Close()
+		if err == nil {
+			return st, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// printNext prints the nodes and the commands to try next.
+func (c *upCluster) printNext() {
+	me := "memfs"
+	switch {
+	case strings.Contains(os.Args[0], "go-build"):
+		me = "go run ./cmd/memfs" // a `go run` binary is temporary
+	case filepath.Base(os.Args[0]) != os.Args[0]:
+		me = os.Args[0] // run by path: print a command that works as typed
+	}
+	w := c.Out
+	fmt.Fprintf(w, "MemoryFS cluster of %d nodes is up (data and logs in %s)\n", len(c.Nodes), c.Dir)
+	for _, n := range c.Nodes {
+		fmt.Fprintf(w, "  %s  api %s  raft %s  log %s\n", n.ID, n.APIAddr, n.RaftAddr, n.LogPath)
+	}
+	fmt.Fprintf(w, "\nTry, in another shell:\n")
+	fmt.Fprintf(w, "  export MEMFS_CLUSTER=%s\n", strings.Join(c.APIAddrs(), ","))
+	fmt.Fprintf(w, "  echo hello > /tmp/hello.txt\n")
+	fmt.Fprintf(w, "  %s put /tmp/hello.txt /hello.txt\n", me)
+	fmt.Fprintf(w, "  %s ls -l /\n", me)
+	fmt.Fprintf(w, "  %s cat /hello.txt\n", me)
+	fmt.Fprintf(w, "  %s status\n", me)
+	fmt.Fprintf(w, "\nPress Ctrl-C to stop the cluster; the data stays in %s.\n", c.Dir)
+}
+
+// wait runs until a signal or until every node has exited.
+func (c *upCluster) wait(ctx context.Context) error {
+	for alive := len(c.Nodes); alive > 0; alive-- {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(c.Out, "\nstopping the cluster...")
+			return nil
+		case n := <-c.exits:
+			fmt.Fprintf(c.Out, "node %s exited (%v); see %s\n", n.ID, n.err, n.LogPath)
+		}
+	}
+	return errors.New("every node has exited")
+}
+
+// stopAll sends SIGTERM to every running node (graceful: the leader hands
+// over first), waits, and kills whatever is left after 30 s.
+func (c *upCluster) stopAll() {
+	for _, n := range c.Nodes {
+		if n.cmd != nil && n.cmd.Process != nil {
+			_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	deadline := time.After(30 * time.Second)
+	for _, n := range c.Nodes {
+		if n.done == nil {
+			continue
+		}
+		select {
+		case <-n.done:
+		case <-deadline:
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+	}
+}

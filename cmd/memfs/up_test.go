@@ -1,0 +1,311 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/server"
+)
+
+var (
+	buildOnce sync.Once
+	builtPath string
+	buildErr  error
+)
+
+// memfsBinary builds this command once per test run into a temp dir.
+func memfsBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "memfs-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtPath = filepath.Join(dir, "memfs")
+		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return builtPath
+}
+
+// freeBasePort finds a base port whose API and Raft ports for n nodes are
+// all free right now.
+func freeBasePort(t *testing.T, n int) int {
+	t.Helper()
+	for range 100 {
+		base := 20000 + rand.IntN(30000)
+		ok := true
+		var held []net.Listener
+		for i := 1; i <= n && ok; i++ {
+			for _, p := range []int{base + i, base + 100 + i} {
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+				if err != nil {
+					ok = false
+					break
+				}
+				held = append(held, l)
+			}
+		}
+		for _, l := range held {
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// syncBuffer is a bytes.Buffer safe for a child process and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// upProcess is a running `memfs up`.
+type upProcess struct {
+	cmd     *exec.Cmd
+	out     *syncBuffer
+	done    chan struct{}
+	err     error
+	cluster string
+}
+
+func startUp(t *testing.T, bin, dir string, base int) *upProcess {
+	t.Helper()
+	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base))
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			<-p.done
+		}
+	})
+	p.cluster = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
+	return p
+}
+
+// stop sends SIGINT, as Ctrl-C does, and waits for a clean exit.
+func (p *upProcess) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(os.Interrupt))
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("memfs up did not stop; output:\n%s", p.out.String())
+	}
+	require.NoError(t, p.err, p.out.String())
+}
+
+// statusJSONOf is the part of `memfs status --json` scripts rely on.
+type statusJSONOf struct {
+	Leader string `json:"leader"`
+	Nodes  []struct {
+		ID           string  `json:"id"`
+		APIAddr      string  `json:"api_addr"`
+		RaftAddr     string  `json:"raft_addr"`
+		State        string  `json:"state"`
+		AppliedIndex *uint64 `json:"applied_index"`
+	} `json:"nodes"`
+	Inodes        *uint64 `json:"inodes"`
+	LogicalBytes  *uint64 `json:"logical_bytes"`
+	PhysicalBytes *uint64 `json:"physical_bytes"`
+}
+
+// waitStatus polls `memfs status --json` until it names a leader and
+// every node answers.
+func waitStatus(t *testing.T, bin string, p *upProcess) statusJSONOf {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-p.done:
+			t.Fatalf("memfs up exited: %v\n%s", p.err, p.out.String())
+		default:
+		}
+		out, err := exec.Command(bin, "status", "--json", "--cluster", p.cluster, "--timeout", "3s").Output()
+		if err == nil {
+			var st statusJSONOf
+			require.NoError(t, json.Unmarshal(out, &st), "%s", out)
+			if st.Leader != "" && len(st.Nodes) == 3 && allAnswered(st) &&
+				strings.Contains(p.out.String(), "Press Ctrl-C") {
+				return st
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ready cluster: %v %s\nup output:\n%s", err, out, p.out.String())
+		}
+		time.Sleep(200 * time.Millisecond) // polling interval
+	}
+}
+
+func allAnswered(st statusJSONOf) bool {
+	for _, n := range st.Nodes {
+		if n.State == "" {
+			return false
+		}
+	}
+	return true
+}
+
+func TestUpStatusEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := memfsBinary(t)
+	dir := t.TempDir()
+	base := freeBasePort(t, 3)
+
+	p := startUp(t, bin, dir, base)
+	st := waitStatus(t, bin, p)
+	leaders := 0
+	for i, n := range st.Nodes {
+		require.Equal(t, fmt.Sprintf("n%d", i+1), n.ID)
+		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", base+i+1), n.APIAddr)
+		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", base+100+i+1), n.RaftAddr)
+		require.Contains(t, []string{"Leader", "Follower"}, n.State)
+		require.NotNil(t, n.AppliedIndex)
+		if n.State == "Leader" {
+			leaders++
+			require.Equal(t, st.Leader, n.ID)
+		}
+	}
+	require.Equal(t, 1, leaders)
+	require.NotNil(t, st.Inodes)
+	require.NotNil(t, st.LogicalBytes)
+	require.NotNil(t, st.PhysicalBytes)
+	require.EqualValues(t, 1, *st.Inodes, "a new cluster holds the root only")
+	require.Contains(t, p.out.String(), "export MEMFS_CLUSTER="+p.cluster)
+
+	// A file put through the cluster reads back, and counts in the status.
+	local := filepath.Join(t.TempDir(), "hello.txt")
+	require.NoError(t, os.WriteFile(local, []byte("hello, memfs\n"), 0o644))
+	runOK(t, bin, "--cluster", p.cluster, "put", local, "/hello.txt")
+	require.Equal(t, "hello, memfs\n", runOK(t, bin, "--cluster", p.cluster, "cat", "/hello.txt"))
+	// Status reports the answering node's state, which may lag a moment.
+	require.Eventually(t, func() bool { return *waitStatus(t, bin, p).LogicalBytes == 13 },
+		30*time.Second, 100*time.Millisecond)
+
+	// The readable table names every node.
+	table, err := exec.Command(bin, "status", "--cluster", p.cluster).Output()
+	require.NoError(t, err)
+	for _, id := range []string{"n1", "n2", "n3"} {
+		require.Contains(t, string(table), id)
+	}
+	p.stop(t)
+	for i := 1; i <= 3; i++ {
+		log, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("node%d.log", i)))
+		require.NoError(t, err)
+		require.Contains(t, string(log), "node stopped", "node %d stopped gracefully", i)
+	}
+
+	// A second run on the same dir finds the old cluster and its files
+	// (no new bootstrap).
+	p = startUp(t, bin, dir, base)
+	waitStatus(t, bin, p)
+	require.Equal(t, "hello, memfs\n", runOK(t, bin, "--cluster", p.cluster, "cat", "/hello.txt"))
+	p.stop(t)
+	log, err := os.ReadFile(filepath.Join(dir, "node1.log"))
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(log), "bootstrapped a new cluster"))
+	require.Contains(t, string(log), "existing_state=true")
+}
+
+func TestNodeRemoveCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := memfsBinary(t)
+	c := server.StartCluster(t, 3)
+	c.AddNode()
+	addrs := strings.Join(c.APIAddrs()[:3], ",")
+	out, err := exec.Command(bin, "node", "remove", "n4", "--cluster", addrs).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "removed node n4")
+	out, err = exec.Command(bin, "status", "--json", "--cluster", addrs).Output()
+	require.NoError(t, err)
+	require.NotContains(t, string(out), `"n4"`)
+}
+
+func TestExitStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := memfsBinary(t)
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"node", "remove"}, 2, "memfs: accepts 1 arg"},
+		{[]string{"status", "--no-such-flag"}, 2, "memfs: unknown flag"},
+		{[]string{"server", "--data", "x"}, 2, "memfs: --id is required"},
+		{[]string{"server", "--id", "a", "--data", "x", "--memory-limit", "lots"}, 2, "not a size"},
+		{[]string{"status", "--cluster", "127.0.0.1:1", "--timeout", "5s"}, 1, "memfs: no node answered"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var stderr bytes.Buffer
+			cmd := exec.CommandContext(ctx, bin, tc.args...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			require.True(t, errors.As(err, &ee), "want an exit error, got %v", err)
+			require.Equal(t, tc.code, ee.ExitCode(), stderr.String())
+			require.Contains(t, stderr.String(), tc.msg)
+			require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "one readable line: %q", stderr.String())
+		})
+	}
+}
+
+// runOK runs the binary and returns its stdout, failing on a non-zero exit.
+func runOK(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "memfs %v: %s", args, stderr.String())
+	return stdout.String()
+}

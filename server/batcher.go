@@ -1,0 +1,221 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memoryfs/memfs/fsm"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// errBatcherClosed is returned to commands still queued when the node stops.
+var errBatcherClosed = errors.New("node is shutting down")
+
+// applyReq is one command waiting for its batch.
+type applyReq struct {
+	cmd   *pb.Command
+	size  int
+	start time.Time
+	done  chan applyOutcome // buffered: the batcher never blocks on it
+}
+
+type applyOutcome struct {
+	result *pb.Result
+	index  uint64
+	err    error
+}
+
+// batcher coalesces concurrent commands into one pb.Entry per Raft log
+// entry. It does not wait to fill a batch: it takes whatever is queued when
+// an in-flight slot frees up, so batches grow with load (group commit) and a
+// lone command goes out at once.
+type batcher struct {
+	raft    *raft.Raft
+	clock   func() time.Time
+	tuning  RaftTuning
+	metrics *metrics
+
+	in    chan *applyReq
+	slots chan struct{} // one token per entry in flight
+	stop  chan struct{}
+	done  chan struct{}
+
+	lastTime int64 // last stamp; only the run goroutine touches it
+}
+
+func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics) *batcher {
+	b := &batcher{
+		raft: r, clock: clock, tuning: t, metrics: m,
+		in:    make(chan *applyReq, 4*t.MaxBatchCommands),
+		slots: make(chan struct{}, t.MaxInflightApplies),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	go b.run()
+	return b
+}
+
+// submit queues cmd and waits for its result. If ctx ends first the command
+// may still be applied: the client retries with the same (session, seq).
+func (b *batcher) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
+	req := &applyReq{cmd: cmd, size: proto.Size(cmd), start: time.Now(), done: make(chan applyOutcome, 1)}
+	select {
+	case b.in <- req:
+	case <-b.stop:
+		return nil, 0, errBatcherClosed
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	select {
+	case out := <-req.done:
+		return out.result, out.index, out.err
+	case <-b.done:
+		// Stopped; the command may still commit, and a retry finds it.
+		select {
+		case out := <-req.done:
+			return out.result, out.index, out.err
+		default:
+			return nil, 0, errBatcherClosed
+		}
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+}
+
+// close stops the batcher; queued commands fail with errBatcherClosed and
+// entries already in Raft finish on their own.
+func (b *batcher) close() {
+	close(b.stop)
+	<-b.done
+}
+
+func (b *batcher) run() {
+	defer close(b.done)
+	var carry *applyReq
+	for {
+		select {
+		case b.slots <- struct{}{}:
+		case <-b.stop:
+			b.failQueued(carry)
+			return
+		}
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-b.in:
+			case <-b.stop:
+				<-b.slots
+				b.failQueued(nil)
+				return
+			}
+		}
+		batch, size := []*applyReq{first}, first.size
+	drain:
+		for len(batch) < b.tuning.MaxBatchCommands {
+			select {
+			case r := <-b.in:
+				if size+r.size > b.tuning.MaxBatchBytes {
+					carry = r
+					break drain
+				}
+				batch = append(batch, r)
+				size += r.size
+			default:
+				break drain
+			}
+		}
+		b.send(batch)
+	}
+}
+
+// send encodes batch as one entry and hands it to Raft; a goroutine waits
+// for the commit and frees the slot.
+func (b *batcher) send(batch []*applyReq) {
+	now := b.clock().UnixNano()
+	if now <= b.lastTime {
+		now = b.lastTime + 1 // log time never runs backwards under one leader
+	}
+	b.lastTime = now
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, Commands: make([]*pb.Command, len(batch))}
+	for i, r := range batch {
+		entry.Commands[i] = r.cmd
+	}
+	data, err := proto.MarshalOptions{}.MarshalAppend([]byte{entryFS}, entry)
+	if err != nil {
+		b.finish(batch, fmt.Errorf("encode entry: %w", err))
+		<-b.slots
+		return
+	}
+	b.metrics.batchCommands.Observe(float64(len(batch)))
+	b.metrics.batchBytes.Observe(float64(len(data)))
+	f := b.raft.Apply(data, 0)
+	go func() {
+		defer func() { <-b.slots }()
+		if err := f.Error(); err != nil {
+			b.finish(batch, err)
+			return
+		}
+		resp, _ := f.Response().(*applyResponse)
+		switch {
+		case resp == nil:
+			b.finish(batch, errors.New("entry applied without a response"))
+		case resp.err != nil:
+			b.finish(batch, resp.err)
+		case len(resp.results) != len(batch):
+			b.finish(batch, fmt.Errorf("state machine returned %d results for %d commands",
+				len(resp.results), len(batch)))
+		default:
+			b.finishResults(batch, resp.results, f.Index())
+		}
+	}()
+}
+
+func (b *batcher) finish(batch []*applyReq, err error) {
+	for _, r := range batch {
+		r.done <- applyOutcome{err: err}
+	}
+}
+
+func (b *batcher) finishResults(batch []*applyReq, results []*pb.Result, index uint64) {
+	now := time.Now()
+	for i, r := range batch {
+		res := results[i]
+		if res == nil {
+			res = &pb.Result{}
+		}
+		b.metrics.countCommand(commandType(r.cmd), res.GetErrno())
+		b.metrics.applyLatency.Observe(now.Sub(r.start).Seconds())
+		r.done <- applyOutcome{result: res, index: index}
+	}
+}
+
+// failQueued answers every command still in the queue.
+func (b *batcher) failQueued(carry *applyReq) {
+	if carry != nil {
+		carry.done <- applyOutcome{err: errBatcherClosed}
+	}
+	for {
+		select {
+		case r := <-b.in:
+			r.done <- applyOutcome{err: errBatcherClosed}
+		default:
+			return
+		}
+	}
+}
+
+// commandType names a command's operation for metrics and logs.
+func commandType(c *pb.Command) string {
+	m := c.ProtoReflect()
+	fd := m.WhichOneof(m.Descriptor().Oneofs().ByName("op"))
+	if fd == nil {
+		return "none"
+	}
+	return string(fd.Name())
+}

@@ -1,0 +1,127 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memoryfs/memfs/fsm"
+)
+
+// metrics are one node's Prometheus metrics, all declared here. Each node
+// has its own set (several nodes may share a process in tests); a node
+// label tells them apart when they share a registry.
+type metrics struct {
+	applyLatency  prometheus.Histogram
+	batchCommands prometheus.Histogram
+	batchBytes    prometheus.Histogram
+	commands      *prometheus.CounterVec
+	queryLatency  *prometheus.HistogramVec
+	forwarded     *prometheus.CounterVec
+	raftState     *prometheus.GaugeVec
+	undecodable   prometheus.Counter
+	panics        prometheus.Counter
+
+	collectors []prometheus.Collector
+}
+
+const (
+	metricsNamespace = "memfs"
+	metricsSubsystem = "server"
+)
+
+func newMetrics(nodeID string, stats func() fsm.Stats) *metrics {
+	labels := prometheus.Labels{"node": nodeID}
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
+			Name: name, Help: help, ConstLabels: labels}
+	}
+	hist := func(name, help string, buckets []float64) prometheus.HistogramOpts {
+		o := opts(name, help)
+		return prometheus.HistogramOpts{Namespace: o.Namespace, Subsystem: o.Subsystem,
+			Name: o.Name, Help: o.Help, ConstLabels: o.ConstLabels, Buckets: buckets}
+	}
+	m := &metrics{
+		applyLatency: prometheus.NewHistogram(hist("apply_duration_seconds",
+			"Time from a command reaching the leader's batcher to its result.",
+			prometheus.ExponentialBuckets(0.0005, 2, 16))),
+		batchCommands: prometheus.NewHistogram(hist("batch_commands",
+			"Commands carried by one Raft log entry.",
+			prometheus.ExponentialBuckets(1, 2, 10))),
+		batchBytes: prometheus.NewHistogram(hist("batch_bytes",
+			"Encoded size of one batched Raft log entry.",
+			prometheus.ExponentialBuckets(256, 4, 10))),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts(opts("commands_total",
+			"Commands applied through this node as leader, by type and result errno (0 = success).")),
+			[]string{"type", "errno"}),
+		queryLatency: prometheus.NewHistogramVec(hist("query_duration_seconds",
+			"Time to answer a query served by this node, by consistency level.",
+			prometheus.ExponentialBuckets(0.0001, 2, 16)), []string{"consistency"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts(opts("forwarded_total",
+			"Requests this follower forwarded to the leader, by RPC.")), []string{"rpc"}),
+		raftState: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("raft_state",
+			"1 for the node's current Raft state, 0 for the others.")), []string{"state"}),
+		undecodable: prometheus.NewCounter(prometheus.CounterOpts(opts("undecodable_entries_total",
+			"Log entries this node could not decode or apply (should stay 0)."))),
+		panics: prometheus.NewCounter(prometheus.CounterOpts(opts("recovered_panics_total",
+			"Panics recovered in request handlers (should stay 0)."))),
+	}
+	m.collectors = []prometheus.Collector{m.applyLatency, m.batchCommands, m.batchBytes,
+		m.commands, m.queryLatency, m.forwarded, m.raftState, m.undecodable, m.panics}
+	gauge := func(name, help string, f func(fsm.Stats) float64) {
+		m.collectors = append(m.collectors, prometheus.NewGaugeFunc(
+			prometheus.GaugeOpts(opts(name, help)), func() float64 { return f(stats()) }))
+	}
+	gauge("fsm_applied_index", "Last log index applied to the state machine.",
+		func(s fsm.Stats) float64 { return float64(s.AppliedIndex) })
+	gauge("fsm_inodes", "Inodes in use.", func(s fsm.Stats) float64 { return float64(s.Inodes) })
+	gauge("fsm_logical_bytes", "Sum of regular file sizes.",
+		func(s fsm.Stats) float64 { return float64(s.LogicalBytes) })
+	gauge("fsm_physical_bytes", "Bytes of unique stored blocks.",
+		func(s fsm.Stats) float64 { return float64(s.Block.PhysicalBytes) })
+	gauge("fsm_blocks", "Unique stored blocks.", func(s fsm.Stats) float64 { return float64(s.Block.Blocks) })
+	gauge("fsm_memory_limit_bytes", "Block memory budget (0 = none).",
+		func(s fsm.Stats) float64 { return float64(s.Block.Limit) })
+	gauge("fsm_sessions", "Open client sessions.", func(s fsm.Stats) float64 { return float64(s.Sessions) })
+	return m
+}
+
+// register adds the metrics to reg; a nil reg keeps them private.
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range m.collectors {
+		if err := reg.Register(c); err != nil {
+			m.unregister(reg)
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	for _, c := range m.collectors {
+		reg.Unregister(c)
+	}
+}
+
+var raftStates = []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown}
+
+func (m *metrics) setRaftState(s raft.RaftState) {
+	for _, st := range raftStates {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.raftState.WithLabelValues(st.String()).Set(v)
+	}
+}
+
+func (m *metrics) countCommand(typ string, errno uint32) {
+	m.commands.WithLabelValues(typ, strconv.FormatUint(uint64(errno), 10)).Inc()
+}

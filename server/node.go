@@ -1,0 +1,402 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+
+	"github.com/memoryfs/memfs/fsm"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// Node is one running MemoryFS server.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	hlog     hclog.Logger
+	raftAddr string
+	apiAddr  string
+
+	fsm      fsm.Applier
+	rfsm     *raftFSM
+	raft     *raft.Raft
+	stores   *openedStores
+	trans    raft.Transport
+	ownTrans *raft.NetworkTransport // closed on stop; nil when injected
+
+	grpc     *grpc.Server
+	apiLis   net.Listener
+	unixLis  net.Listener
+	batcher  *batcher
+	verifier *verifier
+	ready    *leaderReady
+	peers    *peers
+	watchers *watchers
+	metrics  *metrics
+
+	ctx    context.Context // ends when the node stops
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stop   sync.Once
+}
+
+// New starts a node: it opens the stores, starts Raft and the gRPC service,
+// bootstraps or joins when the stores are empty, and returns. With Join it
+// returns once a member has admitted it, retrying until ctx ends.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	cfg.Raft = cfg.Raft.withDefaults()
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("node config: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = time.Second
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), ready: newLeaderReady(), peers: newPeers(),
+		watchers: newWatchers()}
+	n.hlog = raftLogger(n.log, cfg.RaftLogLevel)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if err := n.start(ctx); err != nil {
+		n.teardown(false)
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) start(ctx context.Context) error {
+	f, err := fsm.New(fsm.Config{ChunkSize: n.cfg.ChunkSize, MemoryLimit: n.cfg.MemoryLimit, OnChange: n.watchers.publish})
+	if err != nil {
+		return fmt.Errorf("state machine: %w", err)
+	}
+	n.fsm = f
+	n.metrics = newMetrics(n.cfg.ID, f.Stats)
+	if err := n.metrics.register(n.cfg.Registerer); err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	n.rfsm = newRaftFSM(f, n.log, n.metrics)
+	if err := n.listen(); err != nil {
+		return err
+	}
+	if n.stores, err = openStores(&n.cfg, n.hlog); err != nil {
+		return err
+	}
+	if err := n.openTransport(); err != nil {
+		return err
+	}
+	hasState, err := raft.HasExistingState(n.stores.Log, n.stores.Stable, n.stores.Snapshots)
+	if err != nil {
+		return fmt.Errorf("inspect raft state: %w", err)
+	}
+	if err := n.startRaft(hasState); err != nil {
+		return err
+	}
+	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics)
+	n.verifier = &verifier{raft: n.raft}
+	n.serve()
+	n.goBackground(n.leaderLoop)
+	n.goBackground(n.tickLoop)
+	n.goBackground(n.selfAddressLoop)
+	n.log.Info("node started", "raft_addr", n.raftAddr, "api_addr", n.apiAddr,
+		"unix", n.cfg.UnixSocket, "existing_state", hasState, "log_store", n.logStoreName())
+	if !hasState && len(n.cfg.Join) > 0 {
+		return n.join(ctx)
+	}
+	return nil
+}
+
+func (n *Node) logStoreName() string {
+	switch {
+	case n.cfg.Stores != nil && n.cfg.Stores.Log != nil:
+		return "injected"
+	case n.cfg.Ephemeral:
+		return LogStoreMem
+	case n.cfg.LogStore == "":
+		return LogStoreBolt
+	}
+	return n.cfg.LogStore
+}
+
+// listen binds the API address and the Unix socket.
+func (n *Node) listen() error {
+	lis, err := net.Listen("tcp", n.cfg.APIAddr)
+	if err != nil {
+		return fmt.Errorf("listen on api address: %w", err)
+	}
+	n.apiLis = lis
+	n.apiAddr = lis.Addr().String()
+	if n.cfg.APIAdvertise != "" {
+		n.apiAddr = n.cfg.APIAdvertise
+	}
+	if n.cfg.UnixSocket == "" {
+		return nil
+	}
+	if fi, err := os.Lstat(n.cfg.UnixSocket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(n.cfg.UnixSocket) // stale socket of an earlier run
+	}
+	ul, err := net.Listen("unix", n.cfg.UnixSocket)
+	if err != nil {
+		return fmt.Errorf("listen on unix socket: %w", err)
+	}
+	n.unixLis = ul
+	return nil
+}
+
+func (n *Node) openTransport() error {
+	if n.cfg.Transport != nil {
+		n.trans = n.cfg.Transport
+		n.raftAddr = string(n.trans.LocalAddr())
+		return nil
+	}
+	var adv net.Addr
+	if n.cfg.RaftAdvertise != "" {
+		a, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAdvertise)
+		if err != nil {
+			return fmt.Errorf("raft advertise address: %w", err)
+		}
+		adv = a
+	}
+	t, err := raft.NewTCPTransportWithConfig(n.cfg.RaftAddr, adv, &raft.NetworkTransportConfig{
+		Logger:          n.hlog.Named("net"),
+		MaxPool:         n.cfg.Raft.TransportPool,
+		MaxRPCsInFlight: n.cfg.Raft.MaxRPCsInFlight,
+		Timeout:         n.cfg.Raft.TransportTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
+	}
+	n.ownTrans, n.trans = t, t
+	n.raftAddr = string(t.LocalAddr())
+	return nil
+}
+
+func (n *Node) startRaft(hasState bool) error {
+	rc := n.cfg.Raft.raftConfig(n.cfg.ID)
+	rc.Logger = n.hlog
+	r, err := raft.NewRaft(rc, n.rfsm, n.stores.Log, n.stores.Stable, n.stores.Snapshots, n.trans)
+	if err != nil {
+		return fmt.Errorf("start raft: %w", err)
+	}
+	n.raft = r
+	if hasState || !n.cfg.Bootstrap {
+		return nil
+	}
+	boot := raft.Configuration{Servers: []raft.Server{{
+		Suffrage: raft.Voter, ID: raft.ServerID(n.cfg.ID), Address: raft.ServerAddress(n.raftAddr)}}}
+	if err := r.BootstrapCluster(boot).Error(); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	n.log.Info("bootstrapped a new cluster")
+	return nil
+}
+
+// serve starts the gRPC service on every listener.
+func (n *Node) serve() {
+	n.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxRecvMsg),
+		grpc.ChainUnaryInterceptor(n.recoverUnary),
+		grpc.ChainStreamInterceptor(n.recoverStream),
+	)
+	pb.RegisterMemFSServer(n.grpc, &service{n: n})
+	for _, lis := range []net.Listener{n.apiLis, n.unixLis} {
+		if lis == nil {
+			continue
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				n.log.Error("grpc serve", "addr", lis.Addr().String(), "err", err)
+			}
+		}()
+	}
+}
+
+func (n *Node) goBackground(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+// Close stops the node gracefully: a leader hands leadership to another
+// voter first, in-flight requests finish, then Raft and the stores close.
+// When ctx ends first the rest of the stop is abrupt.
+func (n *Node) Close(ctx context.Context) error {
+	var err error
+	n.stop.Do(func() {
+		if n.raft != nil && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+			if e := waitFuture(ctx, n.raft.LeadershipTransfer()); e != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", e)
+			}
+		}
+		n.cancel()
+		stopped := make(chan struct{})
+		go func() {
+			n.grpc.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			n.grpc.Stop()
+			<-stopped
+		}
+		err = n.teardown(true)
+		n.log.Info("node stopped")
+	})
+	return err
+}
+
+// Kill stops the node like a crash: no leadership transfer, no waiting for
+// clients, no final snapshot. Stores the node opened are closed so the
+// same data dir can be opened again; injected stores keep their state.
+func (n *Node) Kill() {
+	n.stop.Do(func() {
+		n.cancel()
+		if n.grpc != nil {
+			n.grpc.Stop()
+		}
+		_ = n.teardown(false)
+		n.log.Info("node killed")
+	})
+}
+
+// teardown releases everything start may have acquired, in reverse order.
+func (n *Node) teardown(graceful bool) error {
+	n.cancel()
+	var errs []error
+	if n.grpc != nil {
+		n.grpc.Stop()
+	} else {
+		for _, l := range []net.Listener{n.apiLis, n.unixLis} {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
+	}
+	// Raft first: its shutdown releases a batcher blocked in Apply, and
+	// entries still in flight fail with ErrRaftShutdown (UNAVAILABLE).
+	if n.raft != nil {
+		if err := n.raft.Shutdown().Error(); err != nil && graceful {
+			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+		}
+		n.metrics.setRaftState(raft.Shutdown)
+	}
+	if n.batcher != nil {
+		n.batcher.close()
+	}
+	n.wg.Wait()
+	n.peers.close()
+	n.watchers.closeAll()
+	if n.ownTrans != nil {
+		errs = append(errs, n.ownTrans.Close())
+	}
+	if n.stores != nil {
+		errs = append(errs, n.stores.close())
+	}
+	if n.metrics != nil {
+		n.metrics.unregister(n.cfg.Registerer)
+	}
+	if n.unixLis != nil {
+		_ = os.Remove(n.cfg.UnixSocket)
+	}
+	return errors.Join(errs...)
+}
+
+// waitFuture waits for f or ctx.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (n *Node) otherVoters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != n.cfg.ID {
+			c++
+		}
+	}
+	return c
+}
+
+// ID returns the node's id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// APIAddr returns the address clients and other nodes dial.
+func (n *Node) APIAddr() string { return n.apiAddr }
+
+// RaftAddr returns the node's Raft transport address.
+func (n *Node) RaftAddr() string { return n.raftAddr }
+
+// UnixSocket returns the Unix socket path, or "".
+func (n *Node) UnixSocket() string { return n.cfg.UnixSocket }
+
+// Raft exposes the Raft instance to tests and tools. Do not call Barrier on
+// it: barriers are invisible to the state machine adapter, and a
+// linearizable read right after one would wait for the next entry.
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// FSM returns the node's state machine.
+func (n *Node) FSM() fsm.Applier { return n.fsm }
+
+// State returns the node's Raft state.
+func (n *Node) State() raft.RaftState { return n.raft.State() }
+
+// IsLeader reports whether the node is the Raft leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// AppliedIndex is the last log index this node has applied (file system,
+// metadata and configuration entries alike).
+func (n *Node) AppliedIndex() uint64 { return n.rfsm.applied.Load() }
+
+// WaitApplied returns once the node has applied every entry up to index.
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	return n.rfsm.waitApplied(ctx, index)
+}
+
+// leaderIsReady reports whether this node leads and may serve
+// linearizable reads.
+func (n *Node) leaderIsReady() bool {
+	return n.IsLeader() && n.ready.readyIn(n.raft.CurrentTerm())
+}
+
+// Leader returns the leader's id and API address as this node knows them
+// ("" when unknown).
+func (n *Node) Leader() (id, apiAddr string) {
+	_, lid := n.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	if string(lid) == n.cfg.ID {
+		return n.cfg.ID, n.apiAddr
+	}
+	return string(lid), n.rfsm.member(string(lid))
+}
+
+// Members returns the replicated map node id -> API address.
+func (n *Node) Members() map[string]string { return n.rfsm.memberMap() }
