@@ -365,7 +365,17 @@ func (s *service) Status(ctx context.Context, req *pb.StatusRequest) (*pb.Status
 	if err := checkVersion(req.GetVersion()); err != nil {
 		return nil, err
 	}
-	return s.n.status(ctx, req.Local), nil
+	n := s.n
+	if !req.Local && !n.IsLeader() && !isForwarded(ctx) {
+		// The leader's configuration is the newest: a follower's may not yet
+		// show a node that was just added or removed.
+		if cli, err := n.leaderClient(ctx); err == nil {
+			if resp, err := cli.Status(forwardContext(ctx), req); err == nil {
+				return resp, nil
+			}
+		}
+	}
+	return n.status(ctx, req.Local), nil
 }
 
 func (s *service) Join(ctx context.Context, req *pb.JoinRequest) (*pb.JoinResponse, error) {
