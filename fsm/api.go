@@ -13,6 +13,7 @@ package fsm
 import (
 	"context"
 	"io"
+	"math"
 
 	"github.com/memoryfs/memfs/fsm/block"
 	pb "github.com/memoryfs/memfs/proto"
@@ -21,13 +22,19 @@ import (
 // EntryVersion is the Entry.version this code writes and applies.
 const EntryVersion = 1
 
+// NoMemoryLimit in Entry.memory_limit lifts the budget; 0 there keeps the
+// one in force.
+const NoMemoryLimit = math.MaxUint64
+
 // Config fixes a state machine's parameters.
 type Config struct {
 	// ChunkSize is the block size, fixed when the cluster is created
 	// (block.DefaultChunkSize when 0). A snapshot records it.
 	ChunkSize int
 	// MemoryLimit caps physical block bytes; writes past it fail with
-	// ENOSPC. 0 means no limit.
+	// ENOSPC. 0 means no limit. An entry that carries a memory_limit
+	// replaces it from then on (the leader stamps its own on every entry,
+	// so that all replicas enforce the same budget).
 	MemoryLimit uint64
 	// OnChange, if set, is called from Apply (synchronously, on the apply
 	// goroutine) with the inodes and directory entries each entry changed.
@@ -53,6 +60,8 @@ type Applier interface {
 	WaitApplied(ctx context.Context, index uint64) error
 	Changed() <-chan struct{}
 	Stats() Stats
+	ChunkSize() int
+	StoredChunk(p []byte) (hash []byte, stored bool)
 	Snapshot() Snapshot
 	Restore(r io.Reader) error
 }

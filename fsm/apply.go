@@ -92,7 +92,11 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 	} else if r == nil {
 		r = &pb.Result{}
 	}
-	if sess != nil && c.Seq != 0 {
+	// EREMOTEIO is not recorded: it asks the sender to send the write
+	// again with its data under the same (session, seq), and a recorded
+	// refusal would answer that resend. The refused command changed
+	// nothing, so forgetting it cannot apply anything twice.
+	if sess != nil && c.Seq != 0 && r.Errno != uint32(syscall.EREMOTEIO) {
 		if s := t.freshSess[sess.id]; s != nil { // gone if the command ended it
 			s.record(c.Seq, copyResult(r))
 		}

@@ -97,6 +97,10 @@ func (t *tx) fits(p *plan) error {
 	var add, free uint64
 	newHashes := make(map[block.Hash]bool, len(p.ops))
 	for _, op := range p.ops {
+		if op.ref != nil {
+			newHashes[op.ref.Hash()] = true // kept: not freed even if released
+			continue
+		}
 		if op.data == nil {
 			continue
 		}
@@ -188,6 +192,10 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 	off := uint64(x.Offset)
 	if appending {
 		off = n.size
+	}
+	if len(x.Hashes) > 0 && off != uint64(x.Offset) {
+		// The pieces were cut for x.Offset; an append lands elsewhere.
+		return nil, errf(syscall.EREMOTEIO, "write by hash for offset %d lands at %d (append): resend the data", x.Offset, off)
 	}
 	p, length, err := t.planData(n, off, x)
 	if err != nil {
@@ -298,44 +306,71 @@ func checkExtent(off, length uint64) error {
 	return nil
 }
 
-// planRefs plans a write whose blocks are named by hash (dedup on the
-// wire): each must be stored, full-size except a last one ending at or
-// past the end of file.
+// planRefs plans a write that names blocks by hash (dedup on the wire).
+// The write [off, off+length) is cut at chunk boundaries into pieces;
+// hashes has one entry per piece. A non-empty entry names a stored block
+// that becomes the piece's whole chunk: the piece must start at a chunk
+// boundary and be a whole chunk, or a shorter last piece that ends at or
+// past the end of file. An empty entry means the piece's bytes follow in
+// data, pieces in order, so one command can mix stored and new chunks and
+// have unaligned edges. A named block that is not stored is EREMOTEIO:
+// the sender resends the data.
 func (t *tx) planRefs(n *inode, off uint64, x *pb.WriteCmd) (plan, uint64, error) {
 	cs := t.chunkSize
 	length := x.Length
-	switch {
-	case len(x.Data) > 0:
-		return plan{}, 0, errf(syscall.EINVAL, "write with both data and hashes")
-	case off%cs != 0:
-		return plan{}, 0, errf(syscall.EINVAL, "write by hash at unaligned offset %d", off)
-	case length == 0 || (length+cs-1)/cs != uint64(len(x.Hashes)):
-		return plan{}, 0, errf(syscall.EINVAL, "%d hashes for %d bytes", len(x.Hashes), length)
-	}
 	if err := checkExtent(off, length); err != nil {
 		return plan{}, 0, err
 	}
-	p := plan{ino: n.ino, ops: make([]chunkOp, len(x.Hashes))}
-	for i, hb := range x.Hashes {
-		h, err := block.ParseHash(hb)
-		if err != nil {
-			return plan{}, 0, errf(syscall.EINVAL, "hash %d: %v", i, err)
-		}
-		b := t.blocks.Get(h)
-		if b == nil {
-			return plan{}, 0, errf(syscall.EREMOTEIO, "block %s is not stored", h.Short())
-		}
-		want := min(cs, length-uint64(i)*cs)
-		if uint64(b.Len()) != want {
-			return plan{}, 0, errf(syscall.EINVAL, "block %s has %d bytes, want %d", h.Short(), b.Len(), want)
-		}
-		idx := off/cs + uint64(i)
-		p.ops[i] = chunkOp{idx: idx, old: t.chunk(n.ino, idx), ref: b}
+	end := off + length
+	if length == 0 || (end-1)/cs-off/cs+1 != uint64(len(x.Hashes)) {
+		return plan{}, 0, errf(syscall.EINVAL, "%d hashes for %d bytes at %d", len(x.Hashes), length, off)
 	}
-	if length%cs != 0 && off+length < n.size {
-		return plan{}, 0, errf(syscall.EINVAL, "short last block before the end of file")
+	p := plan{ino: n.ino, ops: make([]chunkOp, 0, len(x.Hashes))}
+	data := x.Data
+	for i, hb := range x.Hashes {
+		idx := off/cs + uint64(i)
+		lo, hi := max(off, idx*cs), min(end, (idx+1)*cs)
+		if len(hb) == 0 {
+			if uint64(len(data)) < hi-lo {
+				return plan{}, 0, errf(syscall.EINVAL, "data ends before piece %d", i)
+			}
+			p.ops = append(p.ops, t.planWrite(n, lo, data[:hi-lo]).ops...)
+			data = data[hi-lo:]
+			continue
+		}
+		op, err := t.refOp(n, idx, lo, hi, hb)
+		if err != nil {
+			return plan{}, 0, err
+		}
+		p.ops = append(p.ops, op)
+	}
+	if len(data) != 0 {
+		return plan{}, 0, errf(syscall.EINVAL, "%d bytes of data beyond the pieces", len(data))
 	}
 	return p, length, nil
+}
+
+// refOp plans chunk idx of n to become the stored block named by hb, for
+// the piece [lo, hi) of a write.
+func (t *tx) refOp(n *inode, idx, lo, hi uint64, hb []byte) (chunkOp, error) {
+	cs := t.chunkSize
+	h, err := block.ParseHash(hb)
+	switch {
+	case err != nil:
+		return chunkOp{}, errf(syscall.EINVAL, "chunk %d: %v", idx, err)
+	case lo != idx*cs:
+		return chunkOp{}, errf(syscall.EINVAL, "block by hash at unaligned offset %d", lo)
+	case hi-lo < cs && hi < n.size:
+		return chunkOp{}, errf(syscall.EINVAL, "short block by hash before the end of file")
+	}
+	b := t.blocks.Get(h)
+	if b == nil {
+		return chunkOp{}, errf(syscall.EREMOTEIO, "block %s is not stored", h.Short())
+	}
+	if uint64(b.Len()) != hi-lo {
+		return chunkOp{}, errf(syscall.EINVAL, "block %s has %d bytes, want %d", h.Short(), b.Len(), hi-lo)
+	}
+	return chunkOp{idx: idx, old: t.chunk(n.ino, idx), ref: b}, nil
 }
 
 // truncateToZero empties regular file n (O_TRUNC); it frees and never

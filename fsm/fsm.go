@@ -64,6 +64,13 @@ func (f *FSM) Apply(index uint64, e *pb.Entry) []*pb.Result {
 		f.skip(cur, index)
 		return res
 	}
+	if l := e.GetMemoryLimit(); l != 0 {
+		// The leader's budget, so every replica refuses the same writes.
+		if l == NoMemoryLimit {
+			l = 0
+		}
+		cur.blocks.SetLimit(l)
+	}
 	t := begin(cur, index, e.GetTimeNs(), f.cfg.OnChange != nil)
 	t.expireSessions()
 	for i, c := range e.GetCommands() {
@@ -151,6 +158,20 @@ func (f *FSM) Changed() <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.changed
+}
+
+// ChunkSize returns the block size of the current state.
+func (f *FSM) ChunkSize() int { return int(f.cur.Load().chunkSize) }
+
+// StoredChunk hashes p (one whole chunk of a write) the way the block
+// store does and reports whether a block with that content is stored now.
+// The hash comes in the form WriteCmd.hashes takes. The leader uses it to
+// send stored chunks by hash (dedup on the wire); the answer may be stale
+// when the entry applies, which Apply reports as EREMOTEIO on every
+// replica alike.
+func (f *FSM) StoredChunk(p []byte) (hash []byte, stored bool) {
+	h := block.Sum(p)
+	return h[:], f.cur.Load().blocks.Has(h)
 }
 
 // Stats returns totals.

@@ -1907,10 +1907,16 @@ func (*Command_Tick) isCommand_Op() {}
 // batched together, stamped with the leader's clock. Every time in the
 // state machine comes from time_ns.
 type Entry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	TimeNs        int64                  `protobuf:"varint,2,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
-	Commands      []*Command             `protobuf:"bytes,3,rep,name=commands,proto3" json:"commands,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Version  uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	TimeNs   int64                  `protobuf:"varint,2,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	Commands []*Command             `protobuf:"bytes,3,rep,name=commands,proto3" json:"commands,omitempty"`
+	// memory_limit is the block budget Apply enforces from this entry on,
+	// stamped by the leader like time_ns, so that every replica refuses the
+	// same writes with ENOSPC whatever its own configuration: 0 keeps the
+	// budget in force (the replica's configured one until an entry sets
+	// one), 2^64-1 means no budget.
+	MemoryLimit   uint64 `protobuf:"varint,4,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1964,6 +1970,13 @@ func (x *Entry) GetCommands() []*Command {
 		return x.Commands
 	}
 	return nil
+}
+
+func (x *Entry) GetMemoryLimit() uint64 {
+	if x != nil {
+		return x.MemoryLimit
+	}
+	return 0
 }
 
 // Result is the outcome of one command or query. errno 0 is success;
@@ -3188,18 +3201,27 @@ func (x *ReadFrame) GetData() []byte {
 }
 
 type NodeStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	ApiAddr       string                 `protobuf:"bytes,2,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	State         string                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"` // hashicorp/raft state name: Leader, Follower...
-	AppliedIndex  uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	Voter         bool                   `protobuf:"varint,6,opt,name=voter,proto3" json:"voter,omitempty"`
-	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"` // why this node could not be asked
-	CommitIndex   uint64                 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	LastLogIndex  uint64                 `protobuf:"varint,9,opt,name=last_log_index,json=lastLogIndex,proto3" json:"last_log_index,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ApiAddr      string                 `protobuf:"bytes,2,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	RaftAddr     string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	State        string                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"` // hashicorp/raft state name: Leader, Follower...
+	AppliedIndex uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Voter        bool                   `protobuf:"varint,6,opt,name=voter,proto3" json:"voter,omitempty"`
+	Error        string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"` // why this node could not be asked
+	CommitIndex  uint64                 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	LastLogIndex uint64                 `protobuf:"varint,9,opt,name=last_log_index,json=lastLogIndex,proto3" json:"last_log_index,omitempty"`
+	// This node's own view (issue 6): its state machine's totals, and
+	// counters since the process started.
+	LogicalBytes     uint64 `protobuf:"varint,10,opt,name=logical_bytes,json=logicalBytes,proto3" json:"logical_bytes,omitempty"`
+	PhysicalBytes    uint64 `protobuf:"varint,11,opt,name=physical_bytes,json=physicalBytes,proto3" json:"physical_bytes,omitempty"`
+	SharedBytes      uint64 `protobuf:"varint,12,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"`      // bytes of blocks held more than once
+	LogBytes         uint64 `protobuf:"varint,13,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`               // payload bytes appended to its Raft log
+	NetSentBytes     uint64 `protobuf:"varint,14,opt,name=net_sent_bytes,json=netSentBytes,proto3" json:"net_sent_bytes,omitempty"` // bytes its Raft transport sent to other nodes
+	NetReceivedBytes uint64 `protobuf:"varint,15,opt,name=net_received_bytes,json=netReceivedBytes,proto3" json:"net_received_bytes,omitempty"`
+	WireDedupBytes   uint64 `protobuf:"varint,16,opt,name=wire_dedup_bytes,json=wireDedupBytes,proto3" json:"wire_dedup_bytes,omitempty"` // write bytes it sent by hash as leader
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -3295,6 +3317,55 @@ func (x *NodeStatus) GetLastLogIndex() uint64 {
 	return 0
 }
 
+func (x *NodeStatus) GetLogicalBytes() uint64 {
+	if x != nil {
+		return x.LogicalBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetPhysicalBytes() uint64 {
+	if x != nil {
+		return x.PhysicalBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSharedBytes() uint64 {
+	if x != nil {
+		return x.SharedBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLogBytes() uint64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetNetSentBytes() uint64 {
+	if x != nil {
+		return x.NetSentBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetNetReceivedBytes() uint64 {
+	if x != nil {
+		return x.NetReceivedBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetWireDedupBytes() uint64 {
+	if x != nil {
+		return x.WireDedupBytes
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -3360,6 +3431,8 @@ type StatusResponse struct {
 	Sessions      uint64                 `protobuf:"varint,9,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	ChunkSize     uint32                 `protobuf:"varint,10,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
 	Self          *NodeStatus            `protobuf:"bytes,11,opt,name=self,proto3" json:"self,omitempty"`
+	SharedBytes   uint64                 `protobuf:"varint,12,opt,name=shared_bytes,json=sharedBytes,proto3" json:"shared_bytes,omitempty"` // bytes of blocks held more than once
+	RefBytes      uint64                 `protobuf:"varint,13,opt,name=ref_bytes,json=refBytes,proto3" json:"ref_bytes,omitempty"`          // bytes all block references cover (stored without dedup)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3469,6 +3542,20 @@ func (x *StatusResponse) GetSelf() *NodeStatus {
 		return x.Self
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetSharedBytes() uint64 {
+	if x != nil {
+		return x.SharedBytes
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRefBytes() uint64 {
+	if x != nil {
+		return x.RefBytes
+	}
+	return 0
 }
 
 type JoinRequest struct {
@@ -3919,11 +4006,12 @@ const file_memfs_proto_rawDesc = "" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
 	"\rclose_session\x18  \x01(\v2\x19.memfs.v1.CloseSessionCmdH\x00R\fcloseSession\x12'\n" +
 	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tickB\x04\n" +
-	"\x02op\"i\n" +
+	"\x02op\"\x8c\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
-	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\"\xbc\x03\n" +
+	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xbc\x03\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -4005,7 +4093,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\x84\x02\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x8e\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -4016,10 +4104,18 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05voter\x18\x06 \x01(\bR\x05voter\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\x12!\n" +
 	"\fcommit_index\x18\b \x01(\x04R\vcommitIndex\x12$\n" +
-	"\x0elast_log_index\x18\t \x01(\x04R\flastLogIndex\"?\n" +
+	"\x0elast_log_index\x18\t \x01(\x04R\flastLogIndex\x12#\n" +
+	"\rlogical_bytes\x18\n" +
+	" \x01(\x04R\flogicalBytes\x12%\n" +
+	"\x0ephysical_bytes\x18\v \x01(\x04R\rphysicalBytes\x12!\n" +
+	"\fshared_bytes\x18\f \x01(\x04R\vsharedBytes\x12\x1b\n" +
+	"\tlog_bytes\x18\r \x01(\x04R\blogBytes\x12$\n" +
+	"\x0enet_sent_bytes\x18\x0e \x01(\x04R\fnetSentBytes\x12,\n" +
+	"\x12net_received_bytes\x18\x0f \x01(\x04R\x10netReceivedBytes\x12(\n" +
+	"\x10wire_dedup_bytes\x18\x10 \x01(\x04R\x0ewireDedupBytes\"?\n" +
 	"\rStatusRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
-	"\x05local\x18\x02 \x01(\bR\x05local\"\x89\x03\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"\xc9\x03\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x12&\n" +
 	"\x0fleader_api_addr\x18\x02 \x01(\tR\rleaderApiAddr\x12*\n" +
@@ -4034,7 +4130,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"chunk_size\x18\n" +
 	" \x01(\rR\tchunkSize\x12(\n" +
-	"\x04self\x18\v \x01(\v2\x14.memfs.v1.NodeStatusR\x04self\"\x8b\x01\n" +
+	"\x04self\x18\v \x01(\v2\x14.memfs.v1.NodeStatusR\x04self\x12!\n" +
+	"\fshared_bytes\x18\f \x01(\x04R\vsharedBytes\x12\x1b\n" +
+	"\tref_bytes\x18\r \x01(\x04R\brefBytes\"\x8b\x01\n" +
 	"\vJoinRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1b\n" +

@@ -46,11 +46,18 @@ type batcher struct {
 	done  chan struct{}
 
 	lastTime int64 // last stamp; only the run goroutine touches it
+
+	// memoryLimit is stamped on every entry: the leader's budget is the
+	// one every replica enforces (fsm.NoMemoryLimit when it has none).
+	memoryLimit uint64
 }
 
-func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics) *batcher {
+func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics, memoryLimit uint64) *batcher {
+	if memoryLimit == 0 {
+		memoryLimit = fsm.NoMemoryLimit
+	}
 	b := &batcher{
-		raft: r, clock: clock, tuning: t, metrics: m,
+		raft: r, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
 		in:    make(chan *applyReq, 4*t.MaxBatchCommands),
 		slots: make(chan struct{}, t.MaxInflightApplies),
 		stop:  make(chan struct{}),
@@ -142,7 +149,8 @@ func (b *batcher) send(batch []*applyReq) {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
 	}
 	b.lastTime = now
-	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, Commands: make([]*pb.Command, len(batch))}
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit,
+		Commands: make([]*pb.Command, len(batch))}
 	for i, r := range batch {
 		entry.Commands[i] = r.cmd
 	}

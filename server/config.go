@@ -76,9 +76,15 @@ type Config struct {
 	Transport raft.Transport
 
 	// MemoryLimit caps stored block bytes (ENOSPC past it); 0 = no limit.
+	// The leader stamps its own on every log entry and all replicas
+	// enforce that one, so give every node the same limit.
 	MemoryLimit uint64
 	// ChunkSize is the block size of a new cluster (fsm default when 0).
 	ChunkSize int
+	// DisableWireDedup makes the leader put every write's data in the log
+	// even when its chunks are already stored (see docs/dedup.md); for
+	// measuring what dedup on the wire saves.
+	DisableWireDedup bool
 
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning
@@ -160,7 +166,7 @@ func DefaultRaftTuning() RaftTuning {
 		MaxRPCsInFlight:    2,
 		TransportTimeout:   10 * time.Second,
 		TransportPool:      3,
-		LogCacheSize:       512,
+		LogCacheSize:       64,
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +32,7 @@ const (
 	metricsSubsystem = "server"
 )
 
-func newMetrics(nodeID string, stats func() fsm.Stats) *metrics {
+func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 	labels := prometheus.Labels{"node": nodeID}
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
@@ -84,6 +85,20 @@ func newMetrics(nodeID string, stats func() fsm.Stats) *metrics {
 	gauge("fsm_memory_limit_bytes", "Block memory budget (0 = none).",
 		func(s fsm.Stats) float64 { return float64(s.Block.Limit) })
 	gauge("fsm_sessions", "Open client sessions.", func(s fsm.Stats) float64 { return float64(s.Sessions) })
+	gauge("fsm_shared_bytes", "Bytes of stored blocks held by more than one reference.",
+		func(s fsm.Stats) float64 { return float64(s.Block.SharedBytes) })
+	gauge("fsm_ref_bytes", "Bytes covered by all block references (what a store without dedup would hold).",
+		func(s fsm.Stats) float64 { return float64(s.Block.RefBytes) })
+	counter := func(name, help string, v *atomic.Uint64) {
+		m.collectors = append(m.collectors, prometheus.NewCounterFunc(
+			prometheus.CounterOpts(opts(name, help)), func() float64 { return float64(v.Load()) }))
+	}
+	counter("raft_log_bytes_total", "Payload bytes appended to this node's Raft log.", &tr.logBytes)
+	counter("raft_net_sent_bytes_total", "Bytes the Raft transport sent to other nodes.", &tr.netSent)
+	counter("raft_net_received_bytes_total", "Bytes the Raft transport received from other nodes.", &tr.netReceived)
+	counter("wire_dedup_bytes_total", "Write bytes this leader put in the log as block hashes instead of data.", &tr.dedupBytes)
+	counter("wire_dedup_commands_total", "Writes this leader sent with at least one block by hash.", &tr.dedupCommands)
+	counter("wire_dedup_resends_total", "By-hash writes refused (a block was freed meanwhile) and resent with data.", &tr.dedupResends)
 	return m
 }
 

@@ -42,6 +42,7 @@ type Node struct {
 	peers    *peers
 	watchers *watchers
 	metrics  *metrics
+	traffic  traffic
 
 	ctx    context.Context // ends when the node stops
 	cancel context.CancelFunc
@@ -83,7 +84,7 @@ func (n *Node) start(ctx context.Context) error {
 		return fmt.Errorf("state machine: %w", err)
 	}
 	n.fsm = f
-	n.metrics = newMetrics(n.cfg.ID, f.Stats)
+	n.metrics = newMetrics(n.cfg.ID, f.Stats, &n.traffic)
 	if err := n.metrics.register(n.cfg.Registerer); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
@@ -94,6 +95,7 @@ func (n *Node) start(ctx context.Context) error {
 	if n.stores, err = openStores(&n.cfg, n.hlog); err != nil {
 		return err
 	}
+	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes}
 	if err := n.openTransport(); err != nil {
 		return err
 	}
@@ -104,7 +106,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.startRaft(hasState); err != nil {
 		return err
 	}
-	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics)
+	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics, n.cfg.MemoryLimit)
 	n.verifier = &verifier{raft: n.raft}
 	n.serve()
 	n.goBackground(n.leaderLoop)
@@ -169,15 +171,18 @@ func (n *Node) openTransport() error {
 		}
 		adv = a
 	}
-	t, err := raft.NewTCPTransportWithConfig(n.cfg.RaftAddr, adv, &raft.NetworkTransportConfig{
+	// raft's own TCP layer, with connections that count their bytes.
+	stream, err := newCountingTCPStream(n.cfg.RaftAddr, adv, &n.traffic)
+	if err != nil {
+		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
+	}
+	t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:          stream,
 		Logger:          n.hlog.Named("net"),
 		MaxPool:         n.cfg.Raft.TransportPool,
 		MaxRPCsInFlight: n.cfg.Raft.MaxRPCsInFlight,
 		Timeout:         n.cfg.Raft.TransportTimeout,
 	})
-	if err != nil {
-		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
-	}
 	n.ownTrans, n.trans = t, t
 	n.raftAddr = string(t.LocalAddr())
 	return nil

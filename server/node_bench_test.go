@@ -1,10 +1,12 @@
 package server
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,11 +34,17 @@ func benchCluster(b *testing.B, store string) (*Cluster, pb.MemFSClient) {
 	return c, c.Client(leader.APIAddr())
 }
 
-// benchWrites writes size-byte pieces at distinct offsets of one file per
-// worker, each piece one unary Apply.
+// benchWrites writes size-byte pieces of unique data (no chunk repeats,
+// so no dedup) at distinct offsets of one file per worker, each piece one
+// unary Apply.
 func benchWrites(b *testing.B, store string, size, procs int) {
 	_, cli := benchCluster(b, store)
-	data := pattern(size, 9)
+	benchWritesTo(b, cli, size, procs, true)
+}
+
+// benchWritesTo is benchWrites on a running cluster; with unique false
+// every write carries the same bytes.
+func benchWritesTo(b *testing.B, cli pb.MemFSClient, size, procs int, unique bool) {
 	sessions := make([]*session, procs)
 	for i := range sessions {
 		sessions[i] = openSession(b, cli)
@@ -46,16 +54,73 @@ func benchWrites(b *testing.B, store string, size, procs int) {
 	b.ResetTimer()
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	cpu0 := cpuTime()
 	for w, s := range sessions {
 		wg.Go(func() {
 			path := fmt.Sprintf("/w%d", w)
-			for off := int64(0); next.Add(1) <= int64(b.N); off += int64(size) {
+			data := pattern(size, 9) // this worker's: written, then reused
+			for off := int64(0); ; off += int64(size) {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if unique {
+					stamp(data, uint64(i))
+				}
 				s.write(path, off, data)
 			}
 		})
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+	b.ReportMetric((cpuTime()-cpu0).Seconds()*1e3/(float64(b.N)*float64(size)/1e6), "cpu-ms/MB")
+}
+
+// stamp writes n and the position at the start of every 4 KiB of data,
+// so that no chunk of any supported size repeats another, in this write or
+// any other.
+func stamp(data []byte, n uint64) {
+	for i := 0; i+16 <= len(data); i += 4096 {
+		binary.LittleEndian.PutUint64(data[i:], n)
+		binary.LittleEndian.PutUint64(data[i+8:], uint64(i))
+	}
+}
+
+// cpuTime is the process's user and system CPU time (every node and the
+// clients: they share the process).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkWireDedup compares 1 MiB writes with dedup on the wire and
+// without, of unique data (the cost: one SHA-256 per chunk on the leader)
+// and of data already stored (the gain), on the in-memory log store so
+// that the CPU, not the disk, sets the pace. -count interleaves the
+// variants:
+//
+//	go test ./server/ -run '^$' -bench WireDedup -benchtime 2s -count 3
+func BenchmarkWireDedup(b *testing.B) {
+	for _, data := range []string{"unique", "same"} {
+		for _, mode := range []string{"on", "off"} {
+			b.Run(data+"/"+mode, func(b *testing.B) {
+				c := StartCluster(b, 3, WithLogStore(LogStoreMem), WithNodeConfig(func(_ int, cfg *Config) {
+					cfg.Logger = slog.New(slog.DiscardHandler)
+					cfg.DisableWireDedup = mode == "off"
+				}))
+				cli := c.Client(c.WaitLeader(10 * time.Second).APIAddr())
+				benchWritesTo(b, cli, 1<<20, 16, data == "unique")
+				var logged uint64
+				for _, n := range c.Nodes() {
+					logged += n.Traffic().LogBytes
+				}
+				b.ReportMetric(float64(logged)/float64(b.N)/float64(len(c.Nodes())), "log-B/write")
+			})
+		}
+	}
 }
 
 // benchCreates creates 4 KiB files: open(O_CREAT), write, close — three

@@ -41,7 +41,7 @@ func (s *service) Apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyRes
 		resp, err := cli.Apply(forwardContext(ctx), req, grpc.Trailer(&tr))
 		return resp, n.forwardErr(ctx, err, tr)
 	}
-	res, idx, err := n.batcher.submit(ctx, req.Command)
+	res, idx, err := n.submit(ctx, req.Command)
 	if err != nil {
 		return nil, n.localErr(ctx, err)
 	}
@@ -299,7 +299,7 @@ func (s *service) Write(stream grpc.ClientStreamingServer[pb.WriteFrame, pb.Appl
 		buf = append(buf, f.Data...)
 	}
 	w.Data = buf
-	res, idx, err := n.batcher.submit(ctx, first.Command)
+	res, idx, err := n.submit(ctx, first.Command)
 	if err != nil {
 		return n.localErr(ctx, err)
 	}

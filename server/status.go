@@ -30,6 +30,7 @@ func (n *Node) status(ctx context.Context, local bool) *pb.StatusResponse {
 		Inodes: st.Inodes, LogicalBytes: st.LogicalBytes,
 		PhysicalBytes: st.Block.PhysicalBytes, BlockCount: st.Block.Blocks,
 		MemoryLimit: limit, Sessions: st.Sessions, ChunkSize: uint32(st.ChunkSize),
+		SharedBytes: st.Block.SharedBytes, RefBytes: st.Block.RefBytes,
 		Self: n.selfStatus(),
 	}
 	if local {
@@ -42,10 +43,14 @@ func (n *Node) status(ctx context.Context, local bool) *pb.StatusResponse {
 
 func (n *Node) selfStatus() *pb.NodeStatus {
 	voter, _ := n.suffrage(n.cfg.ID)
+	st, tr := n.fsm.Stats(), n.Traffic()
 	return &pb.NodeStatus{
 		Id: n.cfg.ID, ApiAddr: n.apiAddr, RaftAddr: n.raftAddr,
 		State: n.raft.State().String(), AppliedIndex: n.AppliedIndex(), Voter: voter,
 		CommitIndex: n.raft.CommitIndex(), LastLogIndex: n.raft.LastIndex(),
+		LogicalBytes: st.LogicalBytes, PhysicalBytes: st.Block.PhysicalBytes, SharedBytes: st.Block.SharedBytes,
+		LogBytes: tr.LogBytes, NetSentBytes: tr.NetSent, NetReceivedBytes: tr.NetReceived,
+		WireDedupBytes: tr.DedupBytes,
 	}
 }
 
@@ -93,5 +98,8 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 	if s := r.GetSelf(); s != nil {
 		ns.State, ns.AppliedIndex = s.State, s.AppliedIndex
 		ns.CommitIndex, ns.LastLogIndex = s.CommitIndex, s.LastLogIndex
+		ns.LogicalBytes, ns.PhysicalBytes, ns.SharedBytes = s.LogicalBytes, s.PhysicalBytes, s.SharedBytes
+		ns.LogBytes, ns.NetSentBytes, ns.NetReceivedBytes = s.LogBytes, s.NetSentBytes, s.NetReceivedBytes
+		ns.WireDedupBytes = s.WireDedupBytes
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,7 +25,7 @@ import (
 
 var serverFlags struct {
 	id, data, raftAddr, apiAddr, raftAdvertise, apiAdvertise, unix string
-	bootstrap, ephemeral, nonvoter                                 bool
+	bootstrap, ephemeral, nonvoter, wireDedup                      bool
 	join                                                           []string
 	logStore, memoryLimit, chunkSize, metricsAddr                  string
 	logLevel, logFormat, raftLogLevel                              string
@@ -63,6 +62,7 @@ func init() {
 	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
 	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
+	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
 	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
@@ -102,7 +102,6 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			return usageError{fmt.Errorf("--chunk-size: %w", err)}
 		}
 	}
-	tuneGC(limit, logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := server.Config{
@@ -110,7 +109,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		RaftAdvertise: sf.raftAdvertise, APIAdvertise: sf.apiAdvertise, UnixSocket: sf.unix,
 		Bootstrap: sf.bootstrap, Join: sf.join, NonVoter: sf.nonvoter,
 		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
-		MemoryLimit: limit, ChunkSize: int(chunk), Raft: sf.tuning,
+		MemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
 		Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -229,20 +228,4 @@ func parseSize(s string) (uint64, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return uint64(n), nil
-}
-
-// tuneGC trades memory for apply throughput unless the operator set GOGC or
-// GOMEMLIMIT: file data is long-lived, so the default GOGC=100 spends much
-// of a busy node's CPU rescanning it (the state machine's create benchmark
-// ran about 1.5x faster at GOGC=400). The soft memory limit, set above
-// the data budget, makes the collector work harder before the process
-// grows far past what the budget promises.
-func tuneGC(dataLimit uint64, logger *slog.Logger) {
-	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" || dataLimit == 0 {
-		return
-	}
-	soft := int64(dataLimit + dataLimit/2 + 512<<20)
-	debug.SetGCPercent(400)
-	debug.SetMemoryLimit(soft)
-	logger.Debug("garbage collector tuned", "gogc", 400, "soft_limit_bytes", soft)
 }

@@ -64,6 +64,9 @@ type statusReport struct {
 	MemoryLimit   uint64       `json:"memory_limit"`
 	Sessions      uint64       `json:"sessions"`
 	ChunkSize     uint32       `json:"chunk_size"`
+	SharedBytes   uint64       `json:"shared_bytes"`
+	RefBytes      uint64       `json:"ref_bytes"`
+	DedupRatio    float64      `json:"dedup_ratio"` // logical / physical; 1 when nothing is stored
 }
 
 type nodeReport struct {
@@ -76,6 +79,14 @@ type nodeReport struct {
 	LastLogIndex uint64 `json:"last_log_index"`
 	Voter        bool   `json:"voter"`
 	Error        string `json:"error,omitempty"`
+	// The node's own totals and counters since it started.
+	LogicalBytes     uint64 `json:"logical_bytes"`
+	PhysicalBytes    uint64 `json:"physical_bytes"`
+	SharedBytes      uint64 `json:"shared_bytes"`
+	LogBytes         uint64 `json:"log_bytes"`
+	NetSentBytes     uint64 `json:"net_sent_bytes"`
+	NetReceivedBytes uint64 `json:"net_received_bytes"`
+	WireDedupBytes   uint64 `json:"wire_dedup_bytes"`
 }
 
 func newStatusReport(st *pb.StatusResponse) statusReport {
@@ -83,12 +94,19 @@ func newStatusReport(st *pb.StatusResponse) statusReport {
 		Leader: st.Leader, LeaderAPIAddr: st.LeaderApiAddr, Nodes: []nodeReport{},
 		Inodes: st.Inodes, LogicalBytes: st.LogicalBytes, PhysicalBytes: st.PhysicalBytes,
 		BlockCount: st.BlockCount, MemoryLimit: st.MemoryLimit, Sessions: st.Sessions, ChunkSize: st.ChunkSize,
+		SharedBytes: st.SharedBytes, RefBytes: st.RefBytes, DedupRatio: 1,
+	}
+	if st.PhysicalBytes > 0 {
+		r.DedupRatio = float64(st.LogicalBytes) / float64(st.PhysicalBytes)
 	}
 	for _, n := range st.Nodes {
 		r.Nodes = append(r.Nodes, nodeReport{
 			ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State,
 			AppliedIndex: n.AppliedIndex, CommitIndex: n.CommitIndex, LastLogIndex: n.LastLogIndex,
 			Voter: n.Voter, Error: n.Error,
+			LogicalBytes: n.LogicalBytes, PhysicalBytes: n.PhysicalBytes, SharedBytes: n.SharedBytes,
+			LogBytes: n.LogBytes, NetSentBytes: n.NetSentBytes, NetReceivedBytes: n.NetReceivedBytes,
+			WireDedupBytes: n.WireDedupBytes,
 		})
 	}
 	return r
@@ -101,25 +119,38 @@ func (r statusReport) print(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "leader: %s %s\n\n", leader, r.LeaderAPIAddr)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tERROR")
+	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tPHYSICAL\tLOGGED\tSENT\tERROR")
 	for _, n := range r.Nodes {
 		state := n.State
 		if state == "" {
 			state = "?"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr, n.AppliedIndex, n.Voter, n.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr,
+			n.AppliedIndex, n.Voter, nodeBytes(n, n.PhysicalBytes), nodeBytes(n, n.LogBytes),
+			nodeBytes(n, n.NetSentBytes), n.Error)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	dedup := 1.0
-	if r.PhysicalBytes > 0 {
-		dedup = float64(r.LogicalBytes) / float64(r.PhysicalBytes)
+	fmt.Fprintf(w, "\ninodes %d; logical %s, physical %s in %d blocks, shared %s, dedup %.2fx\n",
+		r.Inodes, humanBytes(r.LogicalBytes), humanBytes(r.PhysicalBytes), r.BlockCount,
+		humanBytes(r.SharedBytes), r.DedupRatio)
+	limit := "none"
+	if r.MemoryLimit > 0 {
+		limit = fmt.Sprintf("%s (%s free)", humanBytes(r.MemoryLimit), humanBytes(r.MemoryLimit-min(r.MemoryLimit, r.PhysicalBytes)))
 	}
-	fmt.Fprintf(w, "\ninodes %d, files hold %s, stored %s in %d blocks (%.2fx dedup), memory limit %s, chunk %s, %d sessions\n",
-		r.Inodes, humanBytes(r.LogicalBytes), humanBytes(r.PhysicalBytes), r.BlockCount, dedup,
-		humanBytes(r.MemoryLimit), humanBytes(uint64(r.ChunkSize)), r.Sessions)
+	fmt.Fprintf(w, "memory limit %s, chunk %s, %d sessions\n", limit, humanBytes(uint64(r.ChunkSize)), r.Sessions)
+	fmt.Fprintln(w, "(PHYSICAL: unique block bytes on the node; LOGGED and SENT: Raft log and network bytes since it started)")
 	return nil
+}
+
+// nodeBytes prints a per-node byte count, or "-" for a node that did not
+// answer.
+func nodeBytes(n nodeReport, v uint64) string {
+	if n.Error != "" {
+		return "-"
+	}
+	return humanBytes(v)
 }
 
 // humanBytes prints n with a binary unit.

@@ -38,6 +38,7 @@ type Stats struct {
 	PhysicalBytes uint64 // bytes of unique blocks
 	Refs          uint64 // references held on them
 	RefBytes      uint64 // bytes those references cover (what a store without dedup holds)
+	SharedBytes   uint64 // bytes of the blocks held by more than one reference
 	Limit         uint64 // byte budget; 0 = none
 }
 
@@ -62,6 +63,7 @@ type Store struct {
 	physical atomic.Uint64
 	refs     atomic.Uint64
 	refBytes atomic.Uint64
+	shared   atomic.Uint64
 }
 
 // NewStore returns an empty store. limit caps physical bytes (0 = no cap).
@@ -174,6 +176,9 @@ func (s *Store) refLocked(b *Block) {
 	b.refs++
 	s.refs.Add(1)
 	s.refBytes.Add(uint64(len(b.data)))
+	if b.refs == 2 {
+		s.shared.Add(uint64(len(b.data)))
+	}
 }
 
 // Release drops one reference; the block leaves the store at zero.
@@ -188,6 +193,9 @@ func (s *Store) Release(b *Block) {
 	b.refs--
 	s.refs.Add(^uint64(0))
 	s.refBytes.Add(-uint64(len(b.data)))
+	if b.refs == 1 {
+		s.shared.Add(-uint64(len(b.data)))
+	}
 	if b.refs == 0 && s.blocks[b.hash] == b {
 		delete(s.blocks, b.hash)
 		s.physical.Add(-uint64(len(b.data)))
@@ -211,6 +219,7 @@ func (s *Store) Stats() Stats {
 		PhysicalBytes: s.physical.Load(),
 		Refs:          s.refs.Load(),
 		RefBytes:      s.refBytes.Load(),
+		SharedBytes:   s.shared.Load(),
 		Limit:         s.limit.Load(),
 	}
 }

@@ -34,8 +34,11 @@ func TestPutDedupAndRelease(t *testing.T) {
 	b := s.Put([]byte("hello world"))
 	require.Same(t, a, b, "same content, same block")
 	require.Equal(t, int64(2), s.Refs(a))
-	require.Equal(t, Stats{Blocks: 1, PhysicalBytes: 11, Refs: 2, RefBytes: 22}, s.Stats())
+	require.Equal(t, Stats{Blocks: 1, PhysicalBytes: 11, Refs: 2, RefBytes: 22, SharedBytes: 11}, s.Stats())
 	require.InDelta(t, 2.0, s.Stats().DedupRatio(), 1e-9)
+	lone := s.Put([]byte("lone"))
+	require.Equal(t, uint64(11), s.Stats().SharedBytes, "a block held once is not shared")
+	s.Release(lone)
 
 	c, err := s.Ref(a.Hash())
 	require.NoError(t, err)
@@ -43,9 +46,10 @@ func TestPutDedupAndRelease(t *testing.T) {
 	_, err = s.Ref(Sum([]byte("other")))
 	require.ErrorIs(t, err, syscall.ENOENT)
 
-	for range 3 {
-		s.Release(a)
-	}
+	s.Release(a)
+	s.Release(a)
+	require.Equal(t, uint64(0), s.Stats().SharedBytes, "one holder left: no longer shared")
+	s.Release(a)
 	require.False(t, s.Has(a.Hash()))
 	require.Equal(t, Stats{}, s.Stats())
 	require.Equal(t, []byte("hello world"), a.Data(), "a holder keeps the bytes after the store lets go")

@@ -1,0 +1,91 @@
+package server
+
+import (
+	"context"
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// Dedup on the wire. A write's chunks that the leader's block store already
+// holds go into the log entry as hashes instead of bytes, so duplicate data
+// costs no log space, no replication traffic and no memory on any node.
+// The decision is made on the leader before the entry exists; every replica
+// then applies the same entry to the same state, so if a named block was
+// freed in between, all of them refuse it alike (EREMOTEIO) and the leader
+// sends the original write with its data under the same (session, seq).
+// docs/dedup.md has the whole story.
+
+// submit runs cmd through the batcher, sending a write's stored chunks by
+// hash when it can.
+func (n *Node) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
+	slim, saved := n.slimWrite(cmd)
+	if slim == nil {
+		return n.batcher.submit(ctx, cmd)
+	}
+	res, idx, err := n.batcher.submit(ctx, slim)
+	if err != nil || res.GetErrno() != uint32(syscall.EREMOTEIO) {
+		if err == nil {
+			n.traffic.dedupBytes.Add(saved)
+			n.traffic.dedupCommands.Add(1)
+		}
+		return res, idx, err
+	}
+	// Refused and not recorded by the state machine: the resend under the
+	// same (session, seq) applies as if it were the first attempt.
+	n.traffic.dedupResends.Add(1)
+	return n.batcher.submit(ctx, cmd)
+}
+
+// slimWrite returns cmd with every whole, chunk-aligned piece of its data
+// that the block store holds named by hash (the other pieces stay data, in
+// order), and the bytes so replaced; nil when nothing would be replaced.
+// It hashes each whole chunk once and nothing else. Appends are left
+// alone: their offset is known only when they apply.
+func (n *Node) slimWrite(cmd *pb.Command) (*pb.Command, uint64) {
+	w := cmd.GetWrite()
+	if n.cfg.DisableWireDedup || w == nil || len(w.Hashes) > 0 || w.Append || w.Offset < 0 {
+		return nil, 0
+	}
+	cs := int64(n.fsm.ChunkSize())
+	data, off := w.Data, w.Offset
+	if int64(len(data)) < cs {
+		return nil, 0
+	}
+	end := off + int64(len(data))
+	hashes := make([][]byte, 0, (end-1)/cs-off/cs+1)
+	var saved uint64
+	for pos := off; pos < end; {
+		next := min((pos/cs+1)*cs, end)
+		var h []byte
+		if pos%cs == 0 && next-pos == cs {
+			if sum, ok := n.fsm.StoredChunk(data[pos-off : next-off]); ok {
+				h = sum
+				saved += uint64(cs)
+			}
+		}
+		hashes = append(hashes, h)
+		pos = next
+	}
+	if saved == 0 {
+		return nil, 0
+	}
+	rest := make([]byte, 0, uint64(len(data))-saved)
+	for i, pos := 0, off; pos < end; i++ {
+		next := min((pos/cs+1)*cs, end)
+		if hashes[i] == nil {
+			rest = append(rest, data[pos-off:next-off]...)
+		}
+		pos = next
+	}
+	// Clone everything but the data, so that fields added to the command
+	// later travel too.
+	w.Data = nil
+	slim := proto.Clone(cmd).(*pb.Command)
+	w.Data = data
+	sw := slim.GetWrite()
+	sw.Data, sw.Hashes, sw.Length = rest, hashes, uint64(len(data))
+	return slim, saved
+}
