@@ -26,3 +26,15 @@ proto:
 
 clean:
 	rm -rf bin
+
+# The fault-injection soak (test/, docs/testing.md): random scenarios over
+# many seeds, in-process and with real processes. Sizes: MEMFS_SOAK_HISTORIES
+# (1000), MEMFS_SOAK_PROC_HISTORIES (100), MEMFS_SOAK_PHASES, MEMFS_SOAK_SECONDS;
+# violations are saved under $$MEMFS_TEST_OUT (default $$TMPDIR/memfs-test-out).
+CHAOS_LOG ?= $(or $(TMPDIR),/tmp)/memfs-chaos.log
+.PHONY: chaos
+chaos:
+	@echo "soak running; full log in $(CHAOS_LOG)"
+	@$(GO) test -tags chaos -count=1 -timeout 0 -run TestSoak -v ./test/chaos/ ./test/procs/ >$(CHAOS_LOG) 2>&1; \
+	status=$$?; grep -E -A20 'soak summary:|process soak:' $(CHAOS_LOG); \
+	grep -E '^(--- FAIL|FAIL|ok)|NOT linearizable|LOST|TORN' $(CHAOS_LOG); exit $$status

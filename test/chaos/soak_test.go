@@ -1,0 +1,138 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/memoryfs/memfs/test/harness"
+	"github.com/memoryfs/memfs/test/model"
+	"github.com/memoryfs/memfs/test/workload"
+)
+
+// soakTotals is what a soak checked; it is printed and saved at the end.
+type soakTotals struct {
+	mu             sync.Mutex
+	Clusters       int            `json:"clusters"`
+	Histories      int            `json:"histories"`
+	Linearizable   int            `json:"linearizable"`
+	Violations     int            `json:"violations"`
+	Inconclusive   int            `json:"inconclusive"`
+	Operations     int            `json:"operations"`
+	UnknownOps     int            `json:"unknown_operations"`
+	Durability     int            `json:"durability_runs"`
+	AckedWrites    int            `json:"acked_writes_checked"`
+	UnackedWrites  int            `json:"unacked_writes_checked"`
+	FailedSubtests []string       `json:"failed"`
+	ByScenario     map[string]int `json:"histories_by_scenario"`
+	Seconds        float64        `json:"seconds"`
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// TestSoak runs random scenarios on random cluster shapes, many histories
+// per cluster, until MEMFS_SOAK_HISTORIES (default 1000) histories have
+// been checked. Each cluster runs MEMFS_SOAK_PHASES histories (default 10,
+// each MEMFS_SOAK_SECONDS long, default 4) one after another on fresh keys,
+// then a durability run. Seeds derive from MEMFS_SEED (default: the clock),
+// so a failing cluster's subtest name gives the seed to replay it.
+func TestSoak(t *testing.T) {
+	target := envInt("MEMFS_SOAK_HISTORIES", 1000)
+	phases := envInt("MEMFS_SOAK_PHASES", 10)
+	d := time.Duration(envInt("MEMFS_SOAK_SECONDS", 4)) * time.Second
+	base := time.Now().UnixNano() % 1_000_000_007
+	if s := os.Getenv("MEMFS_SEED"); s != "" {
+		base, _ = strconv.ParseInt(s, 10, 64)
+	}
+	tot := &soakTotals{ByScenario: map[string]int{}}
+	start := time.Now()
+	t.Cleanup(func() { reportSoak(t, tot, start) })
+	clusters := (target + phases - 1) / phases
+	allVariants := []variant{{3, false}, {5, false}, {3, true}, {5, true}}
+	for k := 0; k < clusters; k++ {
+		seed := base + int64(k)
+		r := rand.New(rand.NewSource(seed))
+		sc := scenarios[r.Intn(len(scenarios))]
+		v := allVariants[r.Intn(len(allVariants))]
+		t.Run(fmt.Sprintf("%s/%v/seed%d", sc.name, v, seed), func(t *testing.T) {
+			t.Parallel()
+			soakCluster(t, tot, sc, v, seed, phases, d)
+		})
+	}
+}
+
+func soakCluster(t *testing.T, tot *soakTotals, sc scenario, v variant, seed int64, phases int, d time.Duration) {
+	t.Logf("seed %d (replay this cluster: MEMFS_SEED=%d MEMFS_SOAK_HISTORIES=%d go test -tags chaos -run TestSoak ./test/chaos/)", seed, seed, phases)
+	c := harness.Start(t, options(v, sc.storage, seed))
+	tot.mu.Lock()
+	tot.Clusters++
+	tot.mu.Unlock()
+	for p := 0; p < phases; p++ {
+		ok := t.Run(fmt.Sprintf("h%d", p), func(t *testing.T) {
+			out := runHistory(t, c, sc, v, seed*100+int64(p), d, fmt.Sprintf("/h%d", p))
+			tot.mu.Lock()
+			defer tot.mu.Unlock()
+			tot.Histories++
+			tot.ByScenario[sc.name]++
+			tot.Operations += out.Verdict.Counts.Ops
+			tot.UnknownOps += out.Verdict.Counts.Unknown
+			switch out.Verdict.Result {
+			case porcupine.Ok:
+				tot.Linearizable++
+			case porcupine.Illegal:
+				tot.Violations++
+			default:
+				tot.Inconclusive++
+			}
+		})
+		if !ok {
+			tot.mu.Lock()
+			tot.FailedSubtests = append(tot.FailedSubtests, t.Name()+fmt.Sprintf("/h%d", p))
+			tot.mu.Unlock()
+		}
+	}
+	// Then large patterned writes under crashes on the same cluster.
+	t.Run("durability", func(t *testing.T) {
+		dc := durabilityCase{faults: []workload.Fault{workload.CrashLeader, workload.CrashAll, workload.PartitionHalves},
+			dur: workload.Durability{Writers: 3, Files: 16, Size: 256 << 10}}
+		if sc.storage == harness.Ephemeral {
+			dc.faults = []workload.Fault{workload.CrashLeader, workload.CrashOne, workload.PartitionHalves}
+		}
+		rep := durabilityOn(t, c, dc, 2*d, "/dur")
+		tot.mu.Lock()
+		defer tot.mu.Unlock()
+		tot.Durability++
+		tot.AckedWrites += rep.Acked
+		tot.UnackedWrites += rep.Unacked
+	})
+}
+
+func reportSoak(t *testing.T, tot *soakTotals, start time.Time) {
+	tot.mu.Lock()
+	defer tot.mu.Unlock()
+	tot.Seconds = time.Since(start).Seconds()
+	b, _ := json.MarshalIndent(tot, "", "  ")
+	t.Logf("soak summary:\n%s", b)
+	dir, err := model.OutDir("soak", 0)
+	if err == nil {
+		p := filepath.Join(dir, "soak-summary.json")
+		if os.WriteFile(p, b, 0o644) == nil {
+			t.Logf("summary saved in %s", p)
+		}
+	}
+}

@@ -1,0 +1,63 @@
+//go:build chaos
+
+package procs
+
+import (
+	"fmt"
+	"math/rand"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// TestSoakProcesses runs MEMFS_SOAK_PROC_HISTORIES (default 100) checked
+// histories against process clusters of 3 or 5 nodes, MEMFS_SOAK_PHASES
+// (default 10) per cluster, each MEMFS_SOAK_SECONDS (default 5) long.
+func TestSoakProcesses(t *testing.T) {
+	target := envInt("MEMFS_SOAK_PROC_HISTORIES", 100)
+	phases := envInt("MEMFS_SOAK_PHASES", 10)
+	d := time.Duration(envInt("MEMFS_SOAK_SECONDS", 5)) * time.Second
+	base := time.Now().UnixNano() % 1_000_000_007
+	if s := os.Getenv("MEMFS_SEED"); s != "" {
+		base, _ = strconv.ParseInt(s, 10, 64)
+	}
+	var histories, ok, bad, unknown, ops atomic.Int64
+	t.Cleanup(func() {
+		t.Logf("process soak: %d histories (%d operations): %d linearizable, %d violations, %d inconclusive",
+			histories.Load(), ops.Load(), ok.Load(), bad.Load(), unknown.Load())
+	})
+	for k := 0; k < (target+phases-1)/phases; k++ {
+		seed := base + int64(k)
+		nodes := 3 + 2*rand.New(rand.NewSource(seed)).Intn(2)
+		t.Run(fmt.Sprintf("n%d/seed%d", nodes, seed), func(t *testing.T) {
+			t.Parallel()
+			c := Start(t, memfsBin, Options{Nodes: nodes, Seed: seed, Args: serverArgs})
+			for p := 0; p < phases; p++ {
+				t.Run(fmt.Sprintf("h%d", p), func(t *testing.T) {
+					out := processHistory(t, c, seed*100+int64(p), d, fmt.Sprintf("/h%d", p))
+					histories.Add(1)
+					ops.Add(int64(out.Verdict.Counts.Ops))
+					switch out.Verdict.Result {
+					case porcupine.Ok:
+						ok.Add(1)
+					case porcupine.Illegal:
+						bad.Add(1)
+					default:
+						unknown.Add(1)
+					}
+				})
+			}
+		})
+	}
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
