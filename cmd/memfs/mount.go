@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/fuse"
+)
+
+var mountFlags struct {
+	daemon       bool
+	allowOther   bool
+	writeback    bool
+	force        bool
+	noWatch      bool
+	attrTimeout  time.Duration
+	opTimeout    time.Duration
+	readaheadKiB int
+	logFile      string
+	debug        bool
+}
+
+var mountCmd = &cobra.Command{
+	Use:   "mount MOUNTPOINT",
+	Short: "Mount the cluster as a POSIX file system (FUSE)",
+	Long: `Mount the cluster on MOUNTPOINT through FUSE so that unmodified programs
+use it. Runs in the foreground until the file system is unmounted
+("fusermount3 -u MOUNTPOINT") or the process gets SIGINT/SIGTERM, then
+unmounts cleanly; --daemon detaches and returns once the mount is ready.
+
+A mountpoint left behind by a killed mount process is cleared first. A
+live mount on MOUNTPOINT is refused unless --force-unmount is given.`,
+	Args: cobra.ExactArgs(1),
+	RunE: runMount,
+}
+
+// mountReadyFD is the descriptor on which a --daemon child reports that the
+// mount is ready ("ok") or why it failed.
+const mountReadyFD = 3
+
+// mountChildEnv marks the detached child of `memfs mount --daemon`.
+const mountChildEnv = "MEMFS_MOUNT_DAEMON_CHILD"
+
+func init() {
+	f := mountCmd.Flags()
+	f.BoolVar(&mountFlags.daemon, "daemon", false, "detach and return once the mount is ready")
+	f.BoolVar(&mountFlags.allowOther, "allow-other", false, "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless root)")
+	f.BoolVar(&mountFlags.writeback, "writeback-cache", false, "kernel writeback cache: faster small writes, but O_APPEND from two mounts may overwrite each other")
+	f.BoolVar(&mountFlags.force, "force-unmount", false, "detach a live FUSE mount already on MOUNTPOINT instead of refusing")
+	f.BoolVar(&mountFlags.noWatch, "no-watch", false, "do not apply the cluster's change events (other mounts' changes then show after --attr-timeout)")
+	f.DurationVar(&mountFlags.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names")
+	f.DurationVar(&mountFlags.opTimeout, "op-timeout", 30*time.Second, "an operation fails with EIO when the cluster does not answer for this long")
+	f.IntVar(&mountFlags.readaheadKiB, "readahead-kb", fuse.DefaultReadaheadKiB, "kernel readahead window in KiB (needs root; -1 leaves the kernel default)")
+	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
+	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
+	rootCmd.AddCommand(mountCmd)
+
+	upCmd.Flags().StringVar(&upMountDir, "mount", "", "also mount the cluster on this directory (FUSE)")
+	upHooks = append(upHooks, upMountHook)
+}
+
+func mountOptions() fuse.Options {
+	var debugf func(any)
+	if mountFlags.debug {
+		debugf = func(msg any) { slog.Info("fuse", "msg", fmt.Sprint(msg)) }
+	}
+	return fuse.Options{
+		Debug:          debugf,
+		AttrTimeout:    mountFlags.attrTimeout,
+		OpTimeout:      mountFlags.opTimeout,
+		AllowOther:     mountFlags.allowOther,
+		WritebackCache: mountFlags.writeback,
+		ForceUnmount:   mountFlags.force,
+		NoWatch:        mountFlags.noWatch,
+		ReadaheadKiB:   mountFlags.readaheadKiB,
+	}
+}
+
+func runMount(cmd *cobra.Command, args []string) error {
+	if mountFlags.daemon && os.Getenv(mountChildEnv) == "" {
+		return startMountDaemon(cmd, args[0])
+	}
+	// A mount allocates for every request; fewer collections speed up
+	// reads (the Go default is 100).
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	m, c, err := mountCluster(ctx, cmd, args[0], mountOptions())
+	notifyParent(err)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	slog.Info("mounted", "dir", m.Dir(), "cluster", clusterFlag)
+	if os.Getenv(mountChildEnv) == "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "memfs: cluster mounted on %s; Ctrl-C or \"fusermount3 -u %s\" unmounts\n", m.Dir(), m.Dir())
+	}
+	select {
+	case <-ctx.Done():
+		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Unmount(uctx); err != nil {
+			return fmt.Errorf("unmount %s: %w", m.Dir(), err)
+		}
+	case <-m.Done():
+		if err := m.Err(); err != nil {
+			return fmt.Errorf("serving %s: %w", m.Dir(), err)
+		}
+	}
+	slog.Info("unmounted", "dir", m.Dir())
+	return nil
+}
+
+// mountCluster connects to --cluster and mounts it on dir.
+func mountCluster(ctx context.Context, cmd *cobra.Command, dir string, opt fuse.Options) (*fuse.MountPoint, *client.Client, error) {
+	sctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+	defer cancel()
+	cmd.SetContext(sctx)
+	c, err := newClient(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := fuse.Mount(sctx, c, dir, opt)
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	return m, c, nil
+}
+
+// notifyParent tells the `memfs mount --daemon` that started this process
+// whether the mount is ready.
+func notifyParent(err error) {
+	if os.Getenv(mountChildEnv) == "" {
+		return
+	}
+	f := os.NewFile(mountReadyFD, "mount-ready")
+	if f == nil {
+		return
+	}
+	defer f.Close()
+	msg := "ok\n"
+	if err != nil {
+		msg = "error: " + strings.ReplaceAll(errorText(err), "\n", " ") + "\n"
+	}
+	_, _ = io.WriteString(f, msg)
+}
+
+// startMountDaemon runs this command again, detached (new session, no
+// terminal), and returns once the child reports the mount ready.
+func startMountDaemon(cmd *cobra.Command, dir string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	child := exec.Command(exe, withoutDaemonFlag(os.Args[1:])...)
+	child.Env = append(os.Environ(), mountChildEnv+"=1")
+	child.ExtraFiles = []*os.File{w} // fd 3
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	logf, err := daemonLog()
+	if err != nil {
+		w.Close()
+		return err
+	}
+	child.Stdout, child.Stderr = logf, logf
+	err = child.Start()
+	w.Close()
+	logf.Close()
+	if err != nil {
+		return fmt.Errorf("start mount process: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(r).ReadString('\n')
+		line <- strings.TrimSpace(s)
+	}()
+	select {
+	case s := <-line:
+		if s == "ok" {
+			fmt.Fprintf(cmd.OutOrStdout(), "mounted on %s (pid %d); unmount with \"fusermount3 -u %s\" or kill %d\n",
+				dir, child.Process.Pid, dir, child.Process.Pid)
+			return nil
+		}
+		if s == "" {
+			s = "mount process exited without a word"
+		}
+		return errors.New(strings.TrimPrefix(s, "error: "))
+	case <-time.After(timeoutFlag + 30*time.Second):
+		_ = child.Process.Kill()
+		return fmt.Errorf("mount not ready after %v", timeoutFlag+30*time.Second)
+	}
+}
+
+// daemonLog is where a detached mount writes its log.
+func daemonLog() (*os.File, error) {
+	if mountFlags.logFile == "" {
+		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	}
+	return os.OpenFile(mountFlags.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+}
+
+// withoutDaemonFlag drops --daemon (in any spelling) from args.
+func withoutDaemonFlag(args []string) []string {
+	var out []string
+	for _, a := range args {
+		if a == "--daemon" || strings.HasPrefix(a, "--daemon=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// upMountDir is `memfs up --mount DIR`.
+var upMountDir string
+
+// upMountHook mounts the cluster `memfs up` started, in the up process.
+func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
+	if upMountDir == "" {
+		return nil, nil
+	}
+	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Out)
+}
+
+// startUpMount mounts the cluster at addrs on dir and returns the function
+// that unmounts it.
+func startUpMount(ctx context.Context, dir string, addrs []string, out io.Writer) (func(), error) {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := client.New(sctx, addrs, client.WithName("memfs up --mount "+dir))
+	if err != nil {
+		return nil, fmt.Errorf("mount: connect: %w", err)
+	}
+	m, err := fuse.Mount(sctx, cl, dir, fuse.Options{})
+	if err != nil {
+		_ = cl.Close()
+		return nil, fmt.Errorf("mount: %w", err)
+	}
+	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s)\n", m.Dir(), m.Dir())
+	return func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Unmount(uctx); err != nil {
+			fmt.Fprintf(out, "unmount %s: %v\n", m.Dir(), err)
+		}
+		_ = cl.Close()
+	}, nil
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/fuse"
+	"github.com/memoryfs/memfs/server"
+)
+
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if err := fuse.Available(); err != nil {
+		t.Skipf("FUSE mounts unavailable here: %v", err)
+	}
+}
+
+// mounted reports whether a memfs FUSE mount is on dir.
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	m, ok, err := fuse.MountedAt(dir)
+	require.NoError(t, err)
+	return ok && m.FSType == "fuse.memfs"
+}
+
+// waitFor polls cond for up to d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for the condition
+	}
+}
+
+// memfsCmd runs the binary with a time limit and returns stdout, stderr
+// and the exit code.
+func memfsCmd(t *testing.T, bin, cluster string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--cluster", cluster}, args...)...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// lazyUnmountAtCleanup detaches whatever is left on dir when the test
+// ends.
+func lazyUnmountAtCleanup(t *testing.T, dir string) {
+	t.Cleanup(func() { _ = exec.Command(fuse.Fusermount, "-uz", dir).Run() })
+}
+
+// daemonPID reads the pid `memfs mount --daemon` printed.
+func daemonPID(t *testing.T, out string) int {
+	t.Helper()
+	var pid int
+	i := strings.Index(out, "(pid ")
+	require.GreaterOrEqual(t, i, 0, out)
+	_, err := fmt.Sscanf(out[i:], "(pid %d)", &pid)
+	require.NoError(t, err)
+	return pid
+}
+
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+func TestMountCommandRefusals(t *testing.T) {
+	requireFUSE(t)
+	bin := memfsBinary(t)
+	cl := server.StartCluster(t, 1)
+	cluster := strings.Join(cl.APIAddrs(), ",")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+
+	_, stderr, code := memfsCmd(t, bin, cluster, "mount", file)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "not a directory")
+
+	_, stderr, code = memfsCmd(t, bin, cluster, "mount", filepath.Join(dir, "missing"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no such file or directory")
+
+	_, _, code = memfsCmd(t, bin, cluster, "mount")
+	require.Equal(t, 2, code, "no mountpoint is a usage error")
+}
+
+// TestMountCommandForeground mounts in the foreground, uses the mount,
+// refuses a second mount on the same directory, and unmounts on SIGTERM.
+func TestMountCommandForeground(t *testing.T) {
+	requireFUSE(t)
+	bin := memfsBinary(t)
+	cl := server.StartCluster(t, 3)
+	cluster := strings.Join(cl.APIAddrs(), ",")
+	dir := t.TempDir()
+	lazyUnmountAtCleanup(t, dir)
+
+	cmd := exec.Command(bin, "--cluster", cluster, "mount", dir)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, 30*time.Second, "mount appears", func() bool { return mounted(t, dir) })
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "hello"), []byte("through the mount"), 0o644))
+	got, _, code := memfsCmd(t, bin, cluster, "cat", "/hello")
+	require.Zero(t, code)
+	require.Equal(t, "through the mount", got)
+
+	_, stderr, code := memfsCmd(t, bin, cluster, "mount", dir)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "already mounted")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err, out.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("memfs mount did not exit on SIGTERM:\n%s", out.String())
+	}
+	require.False(t, mounted(t, dir), "SIGTERM must unmount")
+}
+
+// TestMountCommandDaemonAndStale detaches a mount, kills it with SIGKILL,
+// and checks that the next `memfs mount` clears the stale mountpoint.
+func TestMountCommandDaemonAndStale(t *testing.T) {
+	requireFUSE(t)
+	bin := memfsBinary(t)
+	cl := server.StartCluster(t, 3)
+	cluster := strings.Join(cl.APIAddrs(), ",")
+	dir := t.TempDir()
+	lazyUnmountAtCleanup(t, dir)
+
+	out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", dir)
+	require.Zero(t, code, stderr)
+	require.True(t, mounted(t, dir), "--daemon returns once the mount is ready")
+	pid := daemonPID(t, out)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a"), []byte("1"), 0o644))
+
+	// A killed mount process leaves a dead mount behind.
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	waitFor(t, 10*time.Second, "daemon dies", func() bool { return processGone(pid) })
+	_, err := os.Stat(dir)
+	require.ErrorIs(t, err, syscall.ENOTCONN)
+
+	out, stderr, code = memfsCmd(t, bin, cluster, "mount", "--daemon", dir)
+	require.Zero(t, code, stderr)
+	pid = daemonPID(t, out)
+	got, err := os.ReadFile(filepath.Join(dir, "a"))
+	require.NoError(t, err)
+	require.Equal(t, "1", string(got))
+
+	// An unmount from outside ends the daemon.
+	require.NoError(t, exec.Command(fuse.Fusermount, "-u", dir).Run())
+	waitFor(t, 30*time.Second, "daemon exits after fusermount3 -u", func() bool { return processGone(pid) })
+	require.False(t, mounted(t, dir))
+}
+
+// TestUpMount checks `memfs up --mount DIR`: the README's first command
+// gives a working mount, gone when up stops.
+func TestUpMount(t *testing.T) {
+	requireFUSE(t)
+	bin := memfsBinary(t)
+	dir := t.TempDir()
+	mnt := filepath.Join(dir, "mnt")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	lazyUnmountAtCleanup(t, mnt)
+	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
+	base := freeBasePort(t, 3)
+	p.cmd = exec.Command(bin, "up", "--nodes", "3", "--dir", filepath.Join(dir, "data"), "--base-port", fmt.Sprint(base), "--mount", mnt)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	p.cluster = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
+	waitFor(t, 90*time.Second, "up mounts the cluster", func() bool { return strings.Contains(p.out.String(), "Mounted the cluster on") })
+	require.True(t, mounted(t, mnt))
+
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "readme"), []byte("hi"), 0o644))
+	got, _, code := memfsCmd(t, bin, p.cluster, "cat", "/readme")
+	require.Zero(t, code)
+	require.Equal(t, "hi", got)
+
+	p.stop(t)
+	require.False(t, mounted(t, mnt), "stopping up unmounts")
+}

@@ -1,0 +1,309 @@
+// Package bazilfs is the bazil.org/fuse binding of the MemoryFS mount: a
+// thin adapter that turns bazil's request structs into fsops.Ops calls and
+// their results back into responses, and offers the kernel cache
+// invalidation that fsops' change watcher drives.
+//
+// It holds no file system state of its own beyond a short-lived stash of
+// attributes (see attrStash) and must never translate errors (fsops does)
+// or talk to the cluster other than through fsops.Ops.
+//
+// # Nodes
+//
+// A node is the comparable value {fs, ino}: bazil keys its node table by
+// the Node value, so every lookup of one inode yields the same kernel node
+// ID without a table of ours, and a node forgotten by the kernel needs no
+// cleanup.
+//
+// # Limits of the binding
+//
+// bazil caps reads and writes at 128 KiB per request, has no READDIRPLUS,
+// no RENAME2 flags and no splice, answers mkdir/symlink/link with its own
+// one-minute entry timeout, and drops the sticky bit when encoding modes
+// (stat through the mount never shows S_ISVTX; fsops enforces the
+// restricted deletion it stands for).
+package bazilfs
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"bazil.org/fuse"
+	"bazil.org/fuse/fs"
+
+	"github.com/memoryfs/memfs/fuse/fsops"
+)
+
+// MaxIO is the largest read or write request bazil.org/fuse accepts on
+// Linux.
+const MaxIO = 128 << 10
+
+// Config tunes the adapter's kernel caching.
+type Config struct {
+	// AttrTimeout is how long the kernel may cache an inode's attributes.
+	AttrTimeout time.Duration
+	// EntryTimeout is how long the kernel may cache a name lookup.
+	EntryTimeout time.Duration
+	// Debug, if set, receives bazil's trace of every request and reply.
+	Debug func(msg any)
+}
+
+// FS serves one mount. Create it with New and run it with Serve.
+type FS struct {
+	ops   fsops.Ops
+	cfg   Config
+	srv   atomic.Pointer[fs.Server]
+	stash attrStash
+	known knownSet
+}
+
+var (
+	_ fs.FS                  = (*FS)(nil)
+	_ fs.FSStatfser          = (*FS)(nil)
+	_ fsops.Invalidator      = (*FS)(nil)
+	_ fs.NodeGetattrer       = node{}
+	_ fs.NodeSetattrer       = node{}
+	_ fs.NodeRequestLookuper = node{}
+	_ fs.NodeCreater         = node{}
+	_ fs.NodeOpener          = node{}
+	_ fs.NodeMkdirer         = node{}
+	_ fs.NodeRemover         = node{}
+	_ fs.NodeRenamer         = node{}
+	_ fs.NodeSymlinker       = node{}
+	_ fs.NodeReadlinker      = node{}
+	_ fs.NodeLinker          = node{}
+	_ fs.NodeFsyncer         = node{}
+	_ fs.NodeAccesser        = node{}
+	_ fs.NodeGetxattrer      = node{}
+	_ fs.NodeListxattrer     = node{}
+	_ fs.NodeSetxattrer      = node{}
+	_ fs.NodeRemovexattrer   = node{}
+	_ fs.HandleReader        = (*fileHandle)(nil)
+	_ fs.HandleWriter        = (*fileHandle)(nil)
+	_ fs.HandleFlusher       = (*fileHandle)(nil)
+	_ fs.HandleReleaser      = (*fileHandle)(nil)
+	_ fs.HandleReadDirAller  = (*dirHandle)(nil)
+)
+
+// New returns the adapter over ops.
+func New(ops fsops.Ops, cfg Config) *FS {
+	if cfg.AttrTimeout <= 0 {
+		cfg.AttrTimeout = time.Second
+	}
+	if cfg.EntryTimeout <= 0 {
+		cfg.EntryTimeout = cfg.AttrTimeout
+	}
+	return &FS{ops: ops, cfg: cfg, stash: attrStash{m: map[uint64]fsops.Attr{}}, known: knownSet{m: map[uint64]struct{}{}}}
+}
+
+// Serve answers the kernel's requests on conn until the file system is
+// unmounted.
+func (f *FS) Serve(conn *fuse.Conn) error {
+	srv := fs.New(conn, &fs.Config{Debug: f.cfg.Debug})
+	f.srv.Store(srv)
+	return srv.Serve(f)
+}
+
+// Root implements fs.FS.
+func (f *FS) Root() (fs.Node, error) { return node{f, fsops.RootIno}, nil }
+
+// Statfs implements fs.FSStatfser.
+func (f *FS) Statfs(ctx context.Context, _ *fuse.StatfsRequest, resp *fuse.StatfsResponse) error {
+	st, e := f.ops.Statfs(ctx)
+	if e != 0 {
+		return e
+	}
+	resp.Bsize = st.BlockSize
+	resp.Frsize = st.BlockSize
+	resp.Blocks = st.Blocks
+	resp.Bfree = st.BlocksFree
+	resp.Bavail = st.BlocksFree
+	resp.Files = st.Files + st.FilesFree
+	resp.Ffree = st.FilesFree
+	resp.Namelen = st.NameLen
+	return nil
+}
+
+// InvalidateAttr implements fsops.Invalidator.
+func (f *FS) InvalidateAttr(ino uint64) {
+	if srv := f.srv.Load(); srv != nil {
+		ignoreNotCached(srv.InvalidateNodeAttr(node{f, ino}))
+	}
+}
+
+// InvalidateData implements fsops.Invalidator; it drops attributes too.
+func (f *FS) InvalidateData(ino uint64) {
+	if srv := f.srv.Load(); srv != nil {
+		ignoreNotCached(srv.InvalidateNodeData(node{f, ino}))
+	}
+}
+
+// InvalidateEntry implements fsops.Invalidator.
+func (f *FS) InvalidateEntry(parent uint64, name string) {
+	if srv := f.srv.Load(); srv != nil {
+		ignoreNotCached(srv.InvalidateEntry(node{f, parent}, name))
+	}
+}
+
+// InvalidateAll implements fsops.Resetter: it drops the cached attributes
+// and pages of every inode the kernel was given and not yet forgotten.
+func (f *FS) InvalidateAll() {
+	for _, ino := range f.known.list() {
+		f.InvalidateData(ino)
+	}
+}
+
+// ignoreNotCached drops the expected answers of a best-effort
+// invalidation: the kernel does not hold the node, or the connection is
+// already closing.
+func ignoreNotCached(err error) {
+	if err == nil || errors.Is(err, fuse.ErrNotCached) {
+		return
+	}
+	_ = err // ENOENT/ENOTCONN while unmounting: nothing left to invalidate.
+}
+
+// knownSet is the inodes the kernel holds nodes for: added when a node is
+// handed out, removed when bazil reports the kernel forgot it. It is only
+// used to invalidate everything after a gap in the change stream.
+type knownSet struct {
+	mu sync.Mutex
+	m  map[uint64]struct{} // guarded by mu
+}
+
+func (k *knownSet) add(ino uint64) {
+	k.mu.Lock()
+	k.m[ino] = struct{}{}
+	k.mu.Unlock()
+}
+
+func (k *knownSet) remove(ino uint64) {
+	k.mu.Lock()
+	delete(k.m, ino)
+	k.mu.Unlock()
+}
+
+func (k *knownSet) list() []uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]uint64, 0, len(k.m))
+	for ino := range k.m {
+		out = append(out, ino)
+	}
+	return out
+}
+
+// attrStash hands the attributes a lookup, create or setattr already
+// received to the Attr call bazil makes right after it, saving one round
+// trip to the cluster per new kernel node.
+type attrStash struct {
+	mu sync.Mutex
+	m  map[uint64]fsops.Attr // guarded by mu
+}
+
+func (s *attrStash) put(a fsops.Attr) {
+	s.mu.Lock()
+	s.m[a.Ino] = a
+	s.mu.Unlock()
+}
+
+func (s *attrStash) take(ino uint64) (fsops.Attr, bool) {
+	s.mu.Lock()
+	a, ok := s.m[ino]
+	delete(s.m, ino)
+	s.mu.Unlock()
+	return a, ok
+}
+
+func caller(h *fuse.Header) fsops.Caller {
+	return fsops.Caller{Uid: h.Uid, Gid: h.Gid, Pid: h.Pid}
+}
+
+// fillAttr converts fsops attributes into bazil's.
+func (f *FS) fillAttr(out *fuse.Attr, a fsops.Attr) {
+	out.Valid = f.cfg.AttrTimeout
+	out.Inode = a.Ino
+	out.Size = a.Size
+	out.Blocks = a.Blocks
+	out.Atime = a.Atime
+	out.Mtime = a.Mtime
+	out.Ctime = a.Ctime
+	out.Mode = fileMode(a.Mode)
+	out.Nlink = a.Nlink
+	out.Uid = a.Uid
+	out.Gid = a.Gid
+	out.BlockSize = MaxIO
+}
+
+// fileMode turns a unix st_mode into an os.FileMode.
+func fileMode(m uint32) os.FileMode {
+	mode := os.FileMode(m & 0o777)
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		mode |= os.ModeDir
+	case syscall.S_IFLNK:
+		mode |= os.ModeSymlink
+	case syscall.S_IFIFO:
+		mode |= os.ModeNamedPipe
+	case syscall.S_IFSOCK:
+		mode |= os.ModeSocket
+	case syscall.S_IFCHR:
+		mode |= os.ModeDevice | os.ModeCharDevice
+	case syscall.S_IFBLK:
+		mode |= os.ModeDevice
+	}
+	if m&syscall.S_ISUID != 0 {
+		mode |= os.ModeSetuid
+	}
+	if m&syscall.S_ISGID != 0 {
+		mode |= os.ModeSetgid
+	}
+	if m&syscall.S_ISVTX != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode
+}
+
+// unixPerm turns the permission part of an os.FileMode into st_mode bits.
+func unixPerm(m os.FileMode) uint32 {
+	p := uint32(m.Perm())
+	if m&os.ModeSetuid != 0 {
+		p |= syscall.S_ISUID
+	}
+	if m&os.ModeSetgid != 0 {
+		p |= syscall.S_ISGID
+	}
+	if m&os.ModeSticky != 0 {
+		p |= syscall.S_ISVTX
+	}
+	return p
+}
+
+// direntType maps st_mode type bits to a readdir d_type.
+func direntType(m uint32) fuse.DirentType {
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return fuse.DT_Dir
+	case syscall.S_IFLNK:
+		return fuse.DT_Link
+	case syscall.S_IFREG:
+		return fuse.DT_File
+	case syscall.S_IFIFO:
+		return fuse.DT_FIFO
+	case syscall.S_IFSOCK:
+		return fuse.DT_Socket
+	}
+	return fuse.DT_Unknown
+}
+
+// errOrNil keeps a zero errno from becoming a non-nil error.
+func errOrNil(e syscall.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}

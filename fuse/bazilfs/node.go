@@ -1,0 +1,285 @@
+package bazilfs
+
+import (
+	"context"
+	"syscall"
+
+	"bazil.org/fuse"
+	"bazil.org/fuse/fs"
+
+	"github.com/memoryfs/memfs/fuse/fsops"
+)
+
+// node is one inode as bazil sees it. It is a comparable value: see the
+// package comment.
+type node struct {
+	fs  *FS
+	ino uint64
+}
+
+// Attr implements fs.Node. bazil calls it right after a lookup, create or
+// setattr, whose attributes are in the stash; otherwise it asks the
+// cluster.
+func (n node) Attr(ctx context.Context, a *fuse.Attr) error {
+	at, ok := n.fs.stash.take(n.ino)
+	if !ok {
+		var e syscall.Errno
+		if at, e = n.fs.ops.GetAttr(ctx, n.ino); e != 0 {
+			return e
+		}
+	}
+	n.fs.fillAttr(a, at)
+	return nil
+}
+
+// Getattr implements fs.NodeGetattrer: stat always asks the cluster (the
+// kernel caches the answer for AttrTimeout).
+func (n node) Getattr(ctx context.Context, _ *fuse.GetattrRequest, resp *fuse.GetattrResponse) error {
+	at, e := n.fs.ops.GetAttr(ctx, n.ino)
+	if e != 0 {
+		return e
+	}
+	n.fs.fillAttr(&resp.Attr, at)
+	return nil
+}
+
+// Setattr implements fs.NodeSetattrer (chmod, chown, truncate, utimens).
+func (n node) Setattr(ctx context.Context, req *fuse.SetattrRequest, _ *fuse.SetattrResponse) error {
+	v := req.Valid
+	in := fsops.SetAttrIn{
+		SetMode: v.Mode(), SetUid: v.Uid(), SetGid: v.Gid(), SetSize: v.Size(),
+		SetAtime: v.Atime() || v.AtimeNow(), SetMtime: v.Mtime() || v.MtimeNow(),
+		AtimeNow: v.AtimeNow(), MtimeNow: v.MtimeNow(),
+		Mode: unixPerm(req.Mode), Uid: req.Uid, Gid: req.Gid, Size: req.Size,
+		Atime: req.Atime, Mtime: req.Mtime,
+	}
+	at, e := n.fs.ops.SetAttr(ctx, n.ino, in)
+	if e != 0 {
+		return e
+	}
+	// bazil fills the response through Attr right after this returns.
+	n.fs.stash.put(at)
+	return nil
+}
+
+// Lookup implements fs.NodeRequestLookuper so that the entry timeout is
+// ours rather than bazil's default minute.
+func (n node) Lookup(ctx context.Context, req *fuse.LookupRequest, resp *fuse.LookupResponse) (fs.Node, error) {
+	at, e := n.fs.ops.Lookup(ctx, n.ino, req.Name)
+	if e != 0 {
+		return nil, e
+	}
+	resp.EntryValid = n.fs.cfg.EntryTimeout
+	return n.fs.newNode(at), nil
+}
+
+// newNode stashes a's attributes for bazil's following Attr call.
+func (f *FS) newNode(a fsops.Attr) node {
+	f.stash.put(a)
+	f.known.add(a.Ino)
+	return node{f, a.Ino}
+}
+
+// Forget implements fs.NodeForgetter: the kernel dropped the node.
+func (n node) Forget() { n.fs.known.remove(n.ino) }
+
+// Access implements fs.NodeAccesser. With default_permissions the kernel
+// checks modes itself and rarely asks.
+func (n node) Access(ctx context.Context, req *fuse.AccessRequest) error {
+	return errOrNil(n.fs.ops.Access(ctx, n.ino, req.Mask, caller(&req.Header)))
+}
+
+// Open implements fs.NodeOpener.
+func (n node) Open(ctx context.Context, req *fuse.OpenRequest, resp *fuse.OpenResponse) (fs.Handle, error) {
+	if req.Dir {
+		return &dirHandle{fs: n.fs, ino: n.ino}, nil
+	}
+	out, e := n.fs.ops.Open(ctx, n.ino, int(req.Flags), caller(&req.Header))
+	if e != 0 {
+		return nil, e
+	}
+	if out.KeepCache {
+		resp.Flags |= fuse.OpenKeepCache
+	}
+	return &fileHandle{fs: n.fs, ino: n.ino, h: out.Handle}, nil
+}
+
+// Create implements fs.NodeCreater.
+func (n node) Create(ctx context.Context, req *fuse.CreateRequest, resp *fuse.CreateResponse) (fs.Node, fs.Handle, error) {
+	at, out, e := n.fs.ops.Create(ctx, n.ino, req.Name, int(req.Flags), unixPerm(req.Mode), caller(&req.Header))
+	if e != 0 {
+		return nil, nil, e
+	}
+	resp.EntryValid = n.fs.cfg.EntryTimeout
+	if out.KeepCache {
+		resp.Flags |= fuse.OpenKeepCache
+	}
+	return n.fs.newNode(at), &fileHandle{fs: n.fs, ino: at.Ino, h: out.Handle}, nil
+}
+
+// Mkdir implements fs.NodeMkdirer.
+func (n node) Mkdir(ctx context.Context, req *fuse.MkdirRequest) (fs.Node, error) {
+	at, e := n.fs.ops.Mkdir(ctx, n.ino, req.Name, unixPerm(req.Mode), caller(&req.Header))
+	if e != 0 {
+		return nil, e
+	}
+	return n.fs.newNode(at), nil
+}
+
+// Remove implements fs.NodeRemover (unlink and rmdir).
+func (n node) Remove(ctx context.Context, req *fuse.RemoveRequest) error {
+	if req.Dir {
+		return errOrNil(n.fs.ops.Rmdir(ctx, n.ino, req.Name, caller(&req.Header)))
+	}
+	return errOrNil(n.fs.ops.Unlink(ctx, n.ino, req.Name, caller(&req.Header)))
+}
+
+// Rename implements fs.NodeRenamer.
+func (n node) Rename(ctx context.Context, req *fuse.RenameRequest, newDir fs.Node) error {
+	nd, ok := newDir.(node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	return errOrNil(n.fs.ops.Rename(ctx, n.ino, req.OldName, nd.ino, req.NewName, caller(&req.Header)))
+}
+
+// Symlink implements fs.NodeSymlinker.
+func (n node) Symlink(ctx context.Context, req *fuse.SymlinkRequest) (fs.Node, error) {
+	at, e := n.fs.ops.Symlink(ctx, n.ino, req.NewName, req.Target, caller(&req.Header))
+	if e != 0 {
+		return nil, e
+	}
+	return n.fs.newNode(at), nil
+}
+
+// Readlink implements fs.NodeReadlinker.
+func (n node) Readlink(ctx context.Context, _ *fuse.ReadlinkRequest) (string, error) {
+	t, e := n.fs.ops.Readlink(ctx, n.ino)
+	return t, errOrNil(e)
+}
+
+// Link implements fs.NodeLinker.
+func (n node) Link(ctx context.Context, req *fuse.LinkRequest, old fs.Node) (fs.Node, error) {
+	on, ok := old.(node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	at, e := n.fs.ops.Link(ctx, on.ino, n.ino, req.NewName)
+	if e != 0 {
+		return nil, e
+	}
+	return n.fs.newNode(at), nil
+}
+
+// Fsync implements fs.NodeFsyncer: it returns once this mount's writes to
+// the file are committed. Directory changes are committed before their
+// operations return, so a directory fsync has nothing to wait for.
+func (n node) Fsync(ctx context.Context, req *fuse.FsyncRequest) error {
+	if req.Dir {
+		return nil
+	}
+	return errOrNil(n.fs.ops.Fsync(ctx, n.ino))
+}
+
+// Getxattr implements fs.NodeGetxattrer; bazil answers ERANGE when the
+// value does not fit the caller's buffer.
+func (n node) Getxattr(ctx context.Context, req *fuse.GetxattrRequest, resp *fuse.GetxattrResponse) error {
+	v, e := n.fs.ops.GetXattr(ctx, n.ino, req.Name)
+	if e != 0 {
+		return e
+	}
+	resp.Xattr = v
+	return nil
+}
+
+// Listxattr implements fs.NodeListxattrer.
+func (n node) Listxattr(ctx context.Context, _ *fuse.ListxattrRequest, resp *fuse.ListxattrResponse) error {
+	names, e := n.fs.ops.ListXattr(ctx, n.ino)
+	if e != 0 {
+		return e
+	}
+	resp.Append(names...)
+	return nil
+}
+
+// Setxattr implements fs.NodeSetxattrer.
+func (n node) Setxattr(ctx context.Context, req *fuse.SetxattrRequest) error {
+	return errOrNil(n.fs.ops.SetXattr(ctx, n.ino, req.Name, req.Xattr, req.Flags))
+}
+
+// Removexattr implements fs.NodeRemovexattrer.
+func (n node) Removexattr(ctx context.Context, req *fuse.RemovexattrRequest) error {
+	return errOrNil(n.fs.ops.RemoveXattr(ctx, n.ino, req.Name))
+}
+
+// Poll implements fs.NodePoller. The answer ENOSYS makes the kernel stop
+// asking: the Go runtime registers every file it opens with epoll, which
+// for a FUSE file is a POLL request per open, and the file system has no
+// readiness to report.
+func (n node) Poll(context.Context, *fuse.PollRequest, *fuse.PollResponse) error {
+	return syscall.ENOSYS
+}
+
+// Poll implements fs.HandlePoller; see node.Poll.
+func (h *fileHandle) Poll(context.Context, *fuse.PollRequest, *fuse.PollResponse) error {
+	return syscall.ENOSYS
+}
+
+// fileHandle is one open regular file.
+type fileHandle struct {
+	fs  *FS
+	ino uint64
+	h   uint64
+}
+
+// Read implements fs.HandleReader, filling the buffer bazil allocated.
+func (h *fileHandle) Read(ctx context.Context, req *fuse.ReadRequest, resp *fuse.ReadResponse) error {
+	buf := resp.Data[:req.Size]
+	n, e := h.fs.ops.Read(ctx, h.ino, h.h, req.Offset, buf)
+	if e != 0 {
+		return e
+	}
+	resp.Data = buf[:n]
+	return nil
+}
+
+// Write implements fs.HandleWriter. req.Data is reused once this returns;
+// fsops copies what it keeps.
+func (h *fileHandle) Write(ctx context.Context, req *fuse.WriteRequest, resp *fuse.WriteResponse) error {
+	n, e := h.fs.ops.Write(ctx, h.ino, h.h, req.Offset, req.Data)
+	if e != 0 {
+		return e
+	}
+	resp.Size = n
+	return nil
+}
+
+// Flush implements fs.HandleFlusher (each close of a descriptor).
+func (h *fileHandle) Flush(ctx context.Context, _ *fuse.FlushRequest) error {
+	return errOrNil(h.fs.ops.Flush(ctx, h.ino, h.h))
+}
+
+// Release implements fs.HandleReleaser (the last close).
+func (h *fileHandle) Release(ctx context.Context, _ *fuse.ReleaseRequest) error {
+	return errOrNil(h.fs.ops.Release(ctx, h.ino, h.h))
+}
+
+// dirHandle is one open directory. bazil reads the whole listing when the
+// offset is 0 and serves later offsets from it.
+type dirHandle struct {
+	fs  *FS
+	ino uint64
+}
+
+// ReadDirAll implements fs.HandleReadDirAller.
+func (d *dirHandle) ReadDirAll(ctx context.Context) ([]fuse.Dirent, error) {
+	ents, e := d.fs.ops.ReadDir(ctx, d.ino)
+	if e != 0 {
+		return nil, e
+	}
+	out := make([]fuse.Dirent, len(ents))
+	for i, de := range ents {
+		out[i] = fuse.Dirent{Inode: de.Ino, Type: direntType(de.Mode), Name: de.Name}
+	}
+	return out, nil
+}

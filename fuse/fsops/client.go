@@ -1,0 +1,614 @@
+package fsops
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// DefaultOpTimeout is how long an operation waits for the cluster before
+// it fails with EIO.
+const DefaultOpTimeout = 30 * time.Second
+
+// Options tune ClientOps.
+type Options struct {
+	// OpTimeout bounds every operation (DefaultOpTimeout when 0).
+	OpTimeout time.Duration
+	// WritebackCache says the kernel caches writes and sends them later
+	// at offsets it chose: it may read through a write-only descriptor and
+	// it places O_APPEND writes itself, so write-only opens are served
+	// read-write and O_APPEND is not passed to the cluster. Appends from
+	// two mounts can then overwrite each other.
+	WritebackCache bool
+	// SyncWrites commits every write before acknowledging it, instead of
+	// collecting sequential writes (see write-behind in writebehind.go).
+	SyncWrites bool
+}
+
+// ClientOps implements Ops over a MemoryFS client.
+type ClientOps struct {
+	c   *client.Client
+	opt Options
+	// watching is true while change events from the cluster are being
+	// applied to the kernel cache (see Watch); only then may an open keep
+	// the file's cached pages.
+	watching atomic.Bool
+
+	capMiss capMissCache
+
+	filesMu  sync.Mutex
+	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
+	byHandle map[uint64]*openFile            // guarded by filesMu
+}
+
+var _ Ops = (*ClientOps)(nil)
+
+// New returns the operations over c. The caller keeps ownership of c.
+func New(c *client.Client, opt Options) *ClientOps {
+	if opt.OpTimeout <= 0 {
+		opt.OpTimeout = DefaultOpTimeout
+	}
+	return &ClientOps{
+		c: c, opt: opt,
+		capMiss:  capMissCache{m: map[uint64]time.Time{}},
+		files:    map[uint64]map[uint64]*openFile{},
+		byHandle: map[uint64]*openFile{},
+	}
+}
+
+// Open-flag bits the cluster understands (Linux values).
+const (
+	oAccMode = syscall.O_ACCMODE
+	oPassed  = oAccMode | syscall.O_CREAT | syscall.O_EXCL | syscall.O_TRUNC | syscall.O_APPEND
+)
+
+// bound applies the operation time limit.
+func (o *ClientOps) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, o.opt.OpTimeout)
+}
+
+// attrOf converts the cluster's attributes.
+func attrOf(a *pb.Attr) Attr {
+	return Attr{
+		Ino: a.GetIno(), Mode: a.GetMode(), Nlink: a.GetNlink(), Uid: a.GetUid(), Gid: a.GetGid(),
+		Size: a.GetSize(), Blocks: a.GetBlocks(),
+		Atime: time.Unix(0, a.GetAtimeNs()), Mtime: time.Unix(0, a.GetMtimeNs()), Ctime: time.Unix(0, a.GetCtimeNs()),
+		Gen: a.GetGeneration(),
+	}
+}
+
+func entry(parent uint64, name string) *pb.Loc {
+	return &pb.Loc{Parent: parent, Name: name, Nofollow: true}
+}
+
+func inode(ino uint64) *pb.Loc { return &pb.Loc{Ino: ino, Nofollow: true} }
+
+// errNoAttr is a command result without the attributes it should carry.
+var errNoAttr = errors.New("fsops: the cluster returned no attributes")
+
+// Lookup implements Ops.
+func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a Attr, e syscall.Errno) {
+	defer guard("lookup", &e)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	pa, err := o.c.Lookup(ctx, parent, name)
+	if err != nil {
+		return Attr{}, errnoOf("lookup", err)
+	}
+	if o.dirty(pa.GetIno()) {
+		// The size may predate writes already acknowledged.
+		return o.GetAttr(ctx, pa.GetIno())
+	}
+	return attrOf(pa), 0
+}
+
+// GetAttr implements Ops.
+func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.Errno) {
+	defer guard("getattr", &e)
+	o.barrier(ino)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	pa, err := o.c.GetAttr(ctx, ino)
+	if err != nil {
+		return Attr{}, errnoOf("getattr", err)
+	}
+	return attrOf(pa), 0
+}
+
+// SetAttr implements Ops.
+func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a Attr, e syscall.Errno) {
+	defer guard("setattr", &e)
+	o.barrier(ino)
+	defer o.dropWindows(ino)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	cmd := &pb.SetAttrCmd{Loc: inode(ino), Mode: in.Mode, Uid: in.Uid, Gid: in.Gid, Size: int64(in.Size), Handle: in.Handle}
+	set := func(on bool, bit pb.SetAttrBit) {
+		if on {
+			cmd.Valid |= uint32(bit)
+		}
+	}
+	set(in.SetMode, pb.SetAttrBit_SET_MODE)
+	set(in.SetUid, pb.SetAttrBit_SET_UID)
+	set(in.SetGid, pb.SetAttrBit_SET_GID)
+	set(in.SetSize, pb.SetAttrBit_SET_SIZE)
+	set(in.SetAtime && in.AtimeNow, pb.SetAttrBit_SET_ATIME_NOW)
+	set(in.SetAtime && !in.AtimeNow, pb.SetAttrBit_SET_ATIME)
+	set(in.SetMtime && in.MtimeNow, pb.SetAttrBit_SET_MTIME_NOW)
+	set(in.SetMtime && !in.MtimeNow, pb.SetAttrBit_SET_MTIME)
+	if in.SetAtime && !in.AtimeNow {
+		cmd.AtimeNs = in.Atime.UnixNano()
+	}
+	if in.SetMtime && !in.MtimeNow {
+		cmd.MtimeNs = in.Mtime.UnixNano()
+	}
+	if in.SetSize && in.Size > 1<<62 {
+		return Attr{}, syscall.EFBIG
+	}
+	pa, err := o.c.SetAttr(ctx, cmd)
+	if err != nil {
+		return Attr{}, errnoOf("setattr", err)
+	}
+	if pa == nil {
+		return o.GetAttr(ctx, ino)
+	}
+	return attrOf(pa), 0
+}
+
+// Access implements Ops with the classic owner/group/other check. The
+// caller's supplementary groups are not known here; with
+// default_permissions the kernel does this check itself and never asks.
+func (o *ClientOps) Access(ctx context.Context, ino uint64, mask uint32, c Caller) (e syscall.Errno) {
+	defer guard("access", &e)
+	a, e := o.GetAttr(ctx, ino)
+	if e != 0 {
+		return e
+	}
+	return accessCheck(a, mask&7, c)
+}
+
+// accessCheck decides access(2) for mask (R=4, W=2, X=1) from the mode.
+func accessCheck(a Attr, mask uint32, c Caller) syscall.Errno {
+	if mask == 0 {
+		return 0
+	}
+	if c.Uid == 0 {
+		// root may do anything except execute a file nobody may execute.
+		if mask&1 != 0 && !a.IsDir() && a.Mode&0o111 == 0 {
+			return syscall.EACCES
+		}
+		return 0
+	}
+	perm := a.Mode & 7
+	switch {
+	case c.Uid == a.Uid:
+		perm = a.Mode >> 6 & 7
+	case c.Gid == a.Gid:
+		perm = a.Mode >> 3 & 7
+	}
+	if perm&mask != mask {
+		return syscall.EACCES
+	}
+	return 0
+}
+
+// openFlags turns the kernel's open flags into the cluster's.
+func (o *ClientOps) openFlags(flags int) uint32 {
+	f := flags & oPassed
+	if o.opt.WritebackCache {
+		if f&oAccMode == syscall.O_WRONLY {
+			f = f&^oAccMode | syscall.O_RDWR
+		}
+		f &^= syscall.O_APPEND
+	}
+	return uint32(f)
+}
+
+// Open implements Ops.
+func (o *ClientOps) Open(ctx context.Context, ino uint64, flags int, c Caller) (out OpenOut, e syscall.Errno) {
+	defer guard("open", &e)
+	o.barrier(ino)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	f := o.openFlags(flags &^ syscall.O_CREAT)
+	h, _, err := o.c.OpenLoc(ctx, inode(ino), f, 0, c.Uid, c.Gid, false, false)
+	if err != nil {
+		return OpenOut{}, errnoOf("open", err)
+	}
+	o.register(newOpenFile(ino, h, f&syscall.O_APPEND != 0))
+	return OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
+}
+
+// Create implements Ops.
+func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flags int, mode uint32, c Caller) (a Attr, out OpenOut, e syscall.Errno) {
+	defer guard("create", &e)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	f := o.openFlags(flags) | syscall.O_CREAT
+	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), f, mode&0o7777, c.Uid, c.Gid, false, false)
+	if err != nil {
+		return Attr{}, OpenOut{}, errnoOf("create", err)
+	}
+	out = OpenOut{Handle: h, KeepCache: o.watching.Load()}
+	a = attrOf(pa)
+	if pa == nil {
+		if a, e = o.Lookup(ctx, parent, name); e != 0 {
+			_ = o.c.CloseHandle(ctx, h)
+			return Attr{}, OpenOut{}, e
+		}
+	}
+	o.register(newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0))
+	return a, out, 0
+}
+
+// Read implements Ops.
+func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst []byte) (n int, e syscall.Errno) {
+	defer guard("read", &e)
+	o.barrier(ino)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	if f := o.file(handle); f != nil {
+		if n, ok, err := o.readWindowed(ctx, f, off, dst); ok {
+			if err != nil {
+				return 0, errnoOf("read", err)
+			}
+			return n, 0
+		}
+	}
+	var err error
+	if handle != 0 {
+		n, err = o.c.ReadHandle(ctx, handle, off, dst)
+	} else {
+		n, err = o.c.ReadIno(ctx, ino, off, dst)
+	}
+	if err != nil {
+		return 0, errnoOf("read", err)
+	}
+	return n, 0
+}
+
+// Write implements Ops; data is copied if it is kept after Write returns.
+// A sequential write is acknowledged once collected (see writebehind.go);
+// the failure of an earlier background commit is reported here and at
+// close.
+func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, data []byte) (n int, e syscall.Errno) {
+	defer guard("write", &e)
+	o.dropWindows(ino)
+	if f := o.file(handle); f != nil {
+		if err := f.peekErr(); err != nil {
+			return 0, errnoOf("write", err)
+		}
+		if o.collect(f, off, data) {
+			return len(data), 0
+		}
+	}
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	var err error
+	if handle != 0 {
+		n, _, err = o.c.WriteHandle(ctx, handle, off, data)
+	} else {
+		n, _, err = o.c.WriteIno(ctx, ino, off, data)
+	}
+	o.dropWindows(ino)
+	if err != nil {
+		return 0, errnoOf("write", err)
+	}
+	return n, 0
+}
+
+// Flush implements Ops: the handle's collected writes are committed, and
+// the first failure among them is returned (to close(2)).
+func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno) {
+	defer guard("flush", &e)
+	f := o.file(handle)
+	if f == nil {
+		return 0
+	}
+	o.drain(f)
+	return ToErrno(f.takeErr())
+}
+
+// Fsync implements Ops: it returns once every write to ino acknowledged by
+// this mount is committed to a majority of the cluster (and, unless the
+// cluster is ephemeral, in their fsynced logs).
+func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
+	defer guard("fsync", &e)
+	o.barrier(ino)
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	for _, f := range o.files[ino] {
+		if err := f.takeErr(); err != nil {
+			return ToErrno(err)
+		}
+	}
+	return 0
+}
+
+// Release implements Ops: the last close of the handle.
+func (o *ClientOps) Release(ctx context.Context, _, handle uint64) (e syscall.Errno) {
+	defer guard("release", &e)
+	if f := o.file(handle); f != nil {
+		o.drain(f)
+		if err := f.takeErr(); err != nil {
+			errnoOf("release", err)
+		}
+		defer o.unregister(f)
+	}
+	ctx, cancel := o.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := o.c.CloseHandle(ctx, handle); err != nil {
+		return errnoOf("release", err)
+	}
+	return 0
+}
+
+// ReadDir implements Ops.
+func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e syscall.Errno) {
+	defer guard("readdir", &e)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	des, err := o.c.ReadDirIno(ctx, ino)
+	if err != nil {
+		return nil, errnoOf("readdir", err)
+	}
+	ents = make([]DirEntry, len(des))
+	for i, d := range des {
+		ents[i] = DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
+	}
+	return ents, 0
+}
+
+// do runs one command under the operation time limit and returns the
+// attributes it reports.
+func (o *ClientOps) do(ctx context.Context, op string, cmd *pb.Command) (*pb.Result, syscall.Errno) {
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	res, err := o.c.Do(ctx, cmd)
+	if err != nil {
+		return nil, errnoOf(op, err)
+	}
+	return res, 0
+}
+
+// created returns the attributes a creating command reported, or looks the
+// new entry up when it reported none.
+func (o *ClientOps) created(ctx context.Context, op string, res *pb.Result, parent uint64, name string) (Attr, syscall.Errno) {
+	if a := res.GetAttr(); a != nil {
+		return attrOf(a), 0
+	}
+	a, e := o.Lookup(ctx, parent, name)
+	if e != 0 {
+		return Attr{}, errnoOf(op, errors.Join(errNoAttr, e))
+	}
+	return a, 0
+}
+
+// Mkdir implements Ops.
+func (o *ClientOps) Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
+	defer guard("mkdir", &e)
+	res, e := o.do(ctx, "mkdir", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{
+		Loc: entry(parent, name), Mode: mode & 0o7777, Uid: c.Uid, Gid: c.Gid,
+	}}})
+	if e != 0 {
+		return Attr{}, e
+	}
+	return o.created(ctx, "mkdir", res, parent, name)
+}
+
+// sticky enforces the restricted deletion flag (S_ISVTX on a directory):
+// only root, the directory's owner or the entry's owner may remove or
+// rename the entry. The kernel would check this itself, but bazil.org/fuse
+// drops the sticky bit from the modes it reports, so the kernel never sees
+// it. The two lookups are made only for unprivileged callers. Without the
+// entry there is nothing to protect, and the operation reports ENOENT.
+func (o *ClientOps) sticky(ctx context.Context, parent uint64, name string, c Caller) syscall.Errno {
+	if c.Uid == 0 {
+		return 0
+	}
+	dir, e := o.GetAttr(ctx, parent)
+	if e != 0 || dir.Mode&syscall.S_ISVTX == 0 || dir.Uid == c.Uid {
+		return e
+	}
+	ent, e := o.Lookup(ctx, parent, name)
+	switch {
+	case e == syscall.ENOENT:
+		return 0
+	case e != 0:
+		return e
+	case ent.Uid != c.Uid:
+		return syscall.EPERM
+	}
+	return 0
+}
+
+// Rmdir implements Ops.
+func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Caller) (e syscall.Errno) {
+	defer guard("rmdir", &e)
+	if e = o.sticky(ctx, parent, name, c); e != 0 {
+		return e
+	}
+	_, e = o.do(ctx, "rmdir", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: true}}})
+	return e
+}
+
+// Unlink implements Ops. An inode unlinked while open here stays readable
+// through its handles: the cluster keeps it until the last one closes.
+func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Caller) (e syscall.Errno) {
+	defer guard("unlink", &e)
+	if e = o.sticky(ctx, parent, name, c); e != 0 {
+		return e
+	}
+	_, e = o.do(ctx, "unlink", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), FileOnly: true}}})
+	return e
+}
+
+// Rename implements Ops; the cluster replaces a target atomically.
+func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newParent uint64, newName string, c Caller) (e syscall.Errno) {
+	defer guard("rename", &e)
+	if e = o.sticky(ctx, parent, name, c); e != 0 {
+		return e
+	}
+	if e = o.sticky(ctx, newParent, newName, c); e != 0 {
+		return e
+	}
+	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
+		Src: entry(parent, name), Dst: entry(newParent, newName),
+	}}})
+	return e
+}
+
+// Symlink implements Ops.
+func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target string, c Caller) (a Attr, e syscall.Errno) {
+	defer guard("symlink", &e)
+	res, e := o.do(ctx, "symlink", &pb.Command{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{
+		Loc: entry(parent, name), Target: target, Uid: c.Uid, Gid: c.Gid,
+	}}})
+	if e != 0 {
+		return Attr{}, e
+	}
+	return o.created(ctx, "symlink", res, parent, name)
+}
+
+// Readlink implements Ops.
+func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e syscall.Errno) {
+	defer guard("readlink", &e)
+	res, e := o.query(ctx, "readlink", &pb.Query{Q: &pb.Query_Readlink{Readlink: &pb.ReadlinkQuery{Loc: inode(ino)}}})
+	if e != 0 {
+		return "", e
+	}
+	return res.GetTarget(), 0
+}
+
+// Link implements Ops.
+func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName string) (a Attr, e syscall.Errno) {
+	defer guard("link", &e)
+	o.barrier(ino)
+	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
+		Src: inode(ino), Dst: entry(newParent, newName),
+	}}})
+	if e != 0 {
+		return Attr{}, e
+	}
+	return o.created(ctx, "link", res, newParent, newName)
+}
+
+// query runs one read under the operation time limit.
+func (o *ClientOps) query(ctx context.Context, op string, q *pb.Query) (*pb.Result, syscall.Errno) {
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	res, err := o.c.Query(ctx, q)
+	if err != nil {
+		return nil, errnoOf(op, err)
+	}
+	return res, 0
+}
+
+// POSIX ACLs reach a FUSE file system as the xattrs system.posix_acl_access
+// and system.posix_acl_default. The cluster keeps modes only: storing an
+// ACL as an opaque value would leave the mode unchanged while programs
+// believe it set (cp -a sets modes this way). Refusing them with
+// EOPNOTSUPP is what a file system without ACLs does, and programs then
+// fall back to chmod.
+func isACL(name string) bool {
+	return name == "system.posix_acl_access" || name == "system.posix_acl_default"
+}
+
+// GetXattr implements Ops.
+func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []byte, e syscall.Errno) {
+	defer guard("getxattr", &e)
+	if isACL(name) {
+		return nil, syscall.EOPNOTSUPP
+	}
+	if name == capXattr && o.capMiss.has(ino) {
+		return nil, syscall.ENODATA
+	}
+	res, e := o.query(ctx, "getxattr", &pb.Query{Q: &pb.Query_GetXattr{GetXattr: &pb.GetXattrQuery{Loc: inode(ino), Name: name}}})
+	if e == syscall.ENODATA && name == capXattr {
+		o.capMiss.add(ino)
+	}
+	if e != 0 {
+		return nil, e
+	}
+	if res.GetData() == nil {
+		return []byte{}, 0
+	}
+	return res.GetData(), 0
+}
+
+// ListXattr implements Ops.
+func (o *ClientOps) ListXattr(ctx context.Context, ino uint64) (names []string, e syscall.Errno) {
+	defer guard("listxattr", &e)
+	res, e := o.query(ctx, "listxattr", &pb.Query{Q: &pb.Query_ListXattr{ListXattr: &pb.ListXattrQuery{Loc: inode(ino)}}})
+	if e != 0 {
+		return nil, e
+	}
+	return slices.DeleteFunc(slices.Clone(res.GetNames()), isACL), 0
+}
+
+// SetXattr implements Ops.
+func (o *ClientOps) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) (e syscall.Errno) {
+	defer guard("setxattr", &e)
+	if isACL(name) {
+		return syscall.EOPNOTSUPP
+	}
+	defer o.capMiss.drop(ino)
+	_, e = o.do(ctx, "setxattr", &pb.Command{Op: &pb.Command_SetXattr{SetXattr: &pb.SetXattrCmd{
+		Loc: inode(ino), Name: name, Value: value, Flags: flags & (XattrCreate | XattrReplace),
+	}}})
+	return e
+}
+
+// RemoveXattr implements Ops.
+func (o *ClientOps) RemoveXattr(ctx context.Context, ino uint64, name string) (e syscall.Errno) {
+	defer guard("removexattr", &e)
+	if isACL(name) {
+		return syscall.EOPNOTSUPP
+	}
+	defer o.capMiss.drop(ino)
+	_, e = o.do(ctx, "removexattr", &pb.Command{Op: &pb.Command_RemoveXattr{RemoveXattr: &pb.RemoveXattrCmd{Loc: inode(ino), Name: name}}})
+	return e
+}
+
+// unlimitedBytes is the size statfs reports for a cluster without a
+// memory budget, so that df and installers see room.
+const unlimitedBytes = 1 << 50
+
+// Statfs implements Ops.
+func (o *ClientOps) Statfs(ctx context.Context) (out StatfsOut, e syscall.Errno) {
+	defer guard("statfs", &e)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	st, err := o.c.Statfs(ctx)
+	if err != nil {
+		return StatfsOut{}, errnoOf("statfs", err)
+	}
+	return statfsOf(st), 0
+}
+
+func statfsOf(st *pb.Statfs) StatfsOut {
+	bs := uint64(st.GetBlockSize())
+	if bs == 0 {
+		bs = 4096
+	}
+	total, free := st.GetTotalBytes(), st.GetFreeBytes()
+	if total == 0 {
+		total = unlimitedBytes
+		free = total - min(st.GetPhysicalBytes(), total)
+	}
+	nameLen := st.GetMaxNameLen()
+	if nameLen == 0 {
+		nameLen = 255
+	}
+	return StatfsOut{
+		BlockSize: uint32(bs), Blocks: total / bs, BlocksFree: free / bs,
+		Files: st.GetFiles(), FilesFree: 1 << 32, NameLen: nameLen,
+	}
+}

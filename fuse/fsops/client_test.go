@@ -1,0 +1,252 @@
+package fsops
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/server"
+)
+
+// newOps starts a one-node cluster and returns operations over a client
+// of it, plus a second, independent client.
+func newOps(t *testing.T, opt Options) (*ClientOps, *client.Client) {
+	t.Helper()
+	cl := server.StartCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cl.APIAddrs())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	other, err := client.New(ctx, cl.APIAddrs())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	return New(c, opt), other
+}
+
+var root = Caller{}
+
+// TestWriteBehindModel writes sequential runs and random overlapping
+// pieces through one handle and checks, against a byte slice doing the
+// same, what the mount itself reports before the handle is flushed (size
+// and data, through the barrier) and what another client sees after.
+func TestWriteBehindModel(t *testing.T) {
+	for _, sync := range []bool{false, true} {
+		t.Run(map[bool]string{false: "write-behind", true: "sync"}[sync], func(t *testing.T) {
+			ops, other := newOps(t, Options{SyncWrites: sync})
+			ctx := context.Background()
+			a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+			require.Zero(t, e)
+			var model []byte
+			write := func(off int64, data []byte) {
+				n, e := ops.Write(ctx, a.Ino, out.Handle, off, data)
+				require.Zero(t, e)
+				require.Equal(t, len(data), n)
+				if end := int(off) + len(data); end > len(model) {
+					model = append(model, make([]byte, end-len(model))...)
+				}
+				copy(model[off:], data)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			chunk := func(n int) []byte {
+				b := make([]byte, n)
+				for i := range b {
+					b[i] = byte(rng.Uint32())
+				}
+				return b
+			}
+			// A sequential stream of kernel-sized requests...
+			for off := int64(0); off < 3<<20+5000; off += 128 << 10 {
+				write(off, chunk(128<<10))
+			}
+			// ...then overlapping pieces anywhere, some past the end.
+			for range 40 {
+				write(rng.Int64N(int64(len(model))+100000), chunk(1+rng.IntN(200000)))
+			}
+			// The last write grows the file and stays buffered.
+			write(int64(len(model)), chunk(5000))
+			got, e := ops.GetAttr(ctx, a.Ino)
+			require.Zero(t, e)
+			require.Equal(t, uint64(len(model)), got.Size, "getattr must include acknowledged writes")
+			looked, e := ops.Lookup(ctx, RootIno, "f")
+			require.Zero(t, e)
+			require.Equal(t, uint64(len(model)), looked.Size, "lookup must include acknowledged writes")
+			buf := make([]byte, len(model)+10)
+			n, e := ops.Read(ctx, a.Ino, out.Handle, 0, buf)
+			require.Zero(t, e)
+			require.True(t, bytes.Equal(model, buf[:n]), "read back through the mount")
+
+			require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+			n, err := other.ReadIno(ctx, a.Ino, 0, buf)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(model, buf[:n]), "another client after flush")
+			require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+		})
+	}
+}
+
+// TestTruncateAfterBufferedWrites checks that a truncate is not undone by
+// a buffered write committed after it.
+func TestTruncateAfterBufferedWrites(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY, 0o644, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, bytes.Repeat([]byte("x"), 4096))
+	require.Zero(t, e)
+	at, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{SetSize: true, Size: 10})
+	require.Zero(t, e)
+	require.Equal(t, uint64(10), at.Size)
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	st, err := other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint64(10), st.GetSize())
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}
+
+// TestAppendHandlesWriteAtTheEnd checks that an O_APPEND handle appends
+// whatever offset the kernel sends, even when another client grew the file
+// meanwhile.
+func TestAppendHandlesWriteAtTheEnd(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "log", syscall.O_WRONLY|syscall.O_APPEND, 0o644, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("one "))
+	require.Zero(t, e)
+	_, _, err := other.WriteIno(ctx, a.Ino, 4, []byte("two "))
+	require.NoError(t, err)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 4, []byte("three"))
+	require.Zero(t, e)
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	buf := make([]byte, 100)
+	n, err := other.ReadIno(ctx, a.Ino, 0, buf)
+	require.NoError(t, err)
+	require.Equal(t, "one two three", string(buf[:n]))
+}
+
+// TestACLXattrsRefused checks that POSIX ACL xattrs are refused (so that
+// programs fall back to chmod) and hidden from listings.
+func TestACLXattrsRefused(t *testing.T) {
+	ops, _ := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY, 0o644, root)
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	require.Equal(t, syscall.EOPNOTSUPP, ops.SetXattr(ctx, a.Ino, "system.posix_acl_access", []byte{2, 0, 0, 0}, 0))
+	_, e = ops.GetXattr(ctx, a.Ino, "system.posix_acl_default")
+	require.Equal(t, syscall.EOPNOTSUPP, e)
+	require.Zero(t, ops.SetXattr(ctx, a.Ino, "user.x", []byte("1"), 0))
+	names, e := ops.ListXattr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, []string{"user.x"}, names)
+	// security.capability misses are cached, and a set clears the cache.
+	_, e = ops.GetXattr(ctx, a.Ino, capXattr)
+	require.Equal(t, syscall.ENODATA, e)
+	require.Zero(t, ops.SetXattr(ctx, a.Ino, capXattr, []byte{1, 2, 3}, 0))
+	v, e := ops.GetXattr(ctx, a.Ino, capXattr)
+	require.Zero(t, e)
+	require.Equal(t, []byte{1, 2, 3}, v)
+}
+
+// TestStickyDirectory checks the restricted deletion flag, which fsops
+// enforces because the kernel never sees it.
+func TestStickyDirectory(t *testing.T) {
+	ops, _ := newOps(t, Options{})
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "tmp", 0o1777, root)
+	require.Zero(t, e)
+	require.Equal(t, uint32(syscall.S_ISVTX), d.Mode&syscall.S_ISVTX, "the cluster keeps the sticky bit")
+	alice, bob := Caller{Uid: 1000, Gid: 1000}, Caller{Uid: 1001, Gid: 1001}
+	a, out, e := ops.Create(ctx, d.Ino, "alices", syscall.O_WRONLY, 0o666, alice)
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	require.Equal(t, syscall.EPERM, ops.Unlink(ctx, d.Ino, "alices", bob))
+	require.Equal(t, syscall.EPERM, ops.Rename(ctx, d.Ino, "alices", d.Ino, "bobs", bob))
+	require.Equal(t, syscall.ENOENT, ops.Unlink(ctx, d.Ino, "nobody", bob))
+	require.Zero(t, ops.Rename(ctx, d.Ino, "alices", d.Ino, "moved", alice))
+	require.Zero(t, ops.Unlink(ctx, d.Ino, "moved", alice))
+}
+
+// recorder is an Invalidator that records what it was asked to drop.
+type recorder struct {
+	mu      sync.Mutex
+	data    map[uint64]int
+	entries map[string]int
+}
+
+func (r *recorder) InvalidateAttr(ino uint64) {}
+func (r *recorder) InvalidateData(ino uint64) {
+	r.mu.Lock()
+	r.data[ino]++
+	r.mu.Unlock()
+}
+func (r *recorder) InvalidateEntry(parent uint64, name string) {
+	r.mu.Lock()
+	r.entries[name]++
+	r.mu.Unlock()
+}
+func (r *recorder) count(ino uint64, name string) (int, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.data[ino], r.entries[name]
+}
+
+// TestReadWindowsNeverStale reads through readahead windows while the file
+// changes through this handle and through another client.
+func TestReadWindowsNeverStale(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &recorder{data: map[uint64]int{}, entries: map[string]int{}}
+	go ops.Watch(ctx, rec)
+
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	content := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB
+	for off := 0; off < len(content); off += 128 << 10 {
+		_, e := ops.Write(ctx, a.Ino, out.Handle, int64(off), content[off:off+128<<10])
+		require.Zero(t, e)
+	}
+	read := func(off int64) []byte {
+		buf := make([]byte, 128<<10)
+		n, e := ops.Read(ctx, a.Ino, out.Handle, off, buf)
+		require.Zero(t, e)
+		return buf[:n]
+	}
+	require.Equal(t, content[:128<<10], read(0))
+
+	// A write through the handle inside the fetched window.
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 200<<10, []byte("MINE"))
+	require.Zero(t, e)
+	copy(content[200<<10:], "MINE")
+	require.Equal(t, content[128<<10:256<<10], read(128<<10))
+
+	// A write by another client, seen once its change event arrives.
+	require.Equal(t, content[256<<10:384<<10], read(256<<10))
+	_, _, err := other.WriteIno(ctx, a.Ino, 300<<10, []byte("THEIRS"))
+	require.NoError(t, err)
+	copy(content[300<<10:], "THEIRS")
+	deadline := time.Now().Add(10 * time.Second)
+	for !bytes.Equal(content[256<<10:384<<10], read(256<<10)) {
+		require.True(t, time.Now().Before(deadline), "another client's write never showed through the window")
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	data, _ := rec.count(a.Ino, "")
+	require.Positive(t, data, "the change event reached the invalidator")
+
+	// The whole file, through windows, matches.
+	var all []byte
+	for off := int64(0); off < int64(len(content)); off += 128 << 10 {
+		all = append(all, read(off)...)
+	}
+	require.True(t, bytes.Equal(content, all))
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}

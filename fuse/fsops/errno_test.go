@@ -1,0 +1,76 @@
+package fsops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestToErrno(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want syscall.Errno
+	}{
+		{"nil", nil, 0},
+		{"bare errno", syscall.ENOTEMPTY, syscall.ENOTEMPTY},
+		{"path error", &fs.PathError{Op: "rmdir", Path: "/d", Err: syscall.ENOTEMPTY}, syscall.ENOTEMPTY},
+		{"wrapped twice", fmt.Errorf("rename: %w", &os.LinkError{Op: "rename", Err: syscall.EXDEV}), syscall.EXDEV},
+		{"zero errno is not success", syscall.Errno(0), syscall.EIO},
+		{"deadline: cluster unreachable", fmt.Errorf("memfs: cluster unavailable: %w", context.DeadlineExceeded), syscall.EIO},
+		{"interrupted by the kernel", context.Canceled, syscall.EINTR},
+		{"fs sentinel", fs.ErrNotExist, syscall.ENOENT},
+		{"fs exist", fs.ErrExist, syscall.EEXIST},
+		{"fs permission", fs.ErrPermission, syscall.EACCES},
+		{"fs closed", fs.ErrClosed, syscall.EBADF},
+		{"anything else", errors.New("boom"), syscall.EIO},
+		// An errno beats the context error it travels with.
+		{"errno and deadline", errors.Join(context.DeadlineExceeded, syscall.ENOSPC), syscall.ENOSPC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, ToErrno(tc.err))
+		})
+	}
+}
+
+func TestGuardTurnsPanicIntoEIO(t *testing.T) {
+	op := func() (e syscall.Errno) {
+		defer guard("test", &e)
+		var m map[string]int
+		m["x"] = 1 // nil map write panics
+		return 0
+	}
+	require.Equal(t, syscall.EIO, op())
+}
+
+func TestAccessCheck(t *testing.T) {
+	file := Attr{Mode: syscall.S_IFREG | 0o640, Uid: 10, Gid: 20}
+	dir := Attr{Mode: syscall.S_IFDIR | 0o700, Uid: 10, Gid: 20}
+	for _, tc := range []struct {
+		name string
+		a    Attr
+		mask uint32
+		c    Caller
+		want syscall.Errno
+	}{
+		{"exists", file, 0, Caller{Uid: 99}, 0},
+		{"owner reads and writes", file, 6, Caller{Uid: 10, Gid: 1}, 0},
+		{"owner cannot execute", file, 1, Caller{Uid: 10}, syscall.EACCES},
+		{"group reads", file, 4, Caller{Uid: 11, Gid: 20}, 0},
+		{"group cannot write", file, 2, Caller{Uid: 11, Gid: 20}, syscall.EACCES},
+		{"other nothing", file, 4, Caller{Uid: 12, Gid: 21}, syscall.EACCES},
+		{"root reads anything", file, 6, Caller{}, 0},
+		{"root cannot execute a non-executable file", file, 1, Caller{}, syscall.EACCES},
+		{"root searches any directory", dir, 1, Caller{}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, accessCheck(tc.a, tc.mask, tc.c))
+		})
+	}
+}

@@ -1,0 +1,119 @@
+package fsops
+
+import (
+	"context"
+	"sync"
+)
+
+// Readahead. The kernel reads ahead of a sequential reader in requests of
+// 128 KiB (the bazil limit), several at once. Each would be a round trip
+// to the leader; instead a handle fetches aligned windows of raWindow
+// bytes, one request each, and answers the kernel's requests from them.
+// The kernel's page cache keeps the data; a window only lives until it has
+// been read through.
+//
+// Only large requests use windows: small ones are random reads, for which
+// a window would fetch far more than asked.
+//
+// A window must never serve data older than a change this mount knows of.
+// Every commit of a write or truncate through this mount, once answered,
+// and every change event from the cluster drop the inode's windows
+// (dropWindows); a window whose fetch began before such a drop is not used
+// (the generation check). Reads drain the inode's collected writes before
+// looking at windows, so a window never predates an acknowledged write.
+
+const (
+	raWindow   = 1 << 20 // one read RPC (pb.MaxMessageData)
+	raMinRead  = 64 << 10
+	raMaxAlive = 3 // windows kept per handle
+)
+
+// window is one fetched (or being fetched) aligned range of a file.
+type window struct {
+	off  int64
+	gen  uint64
+	done chan struct{}
+	data []byte // set before done is closed; shorter than raWindow at EOF
+	err  error
+}
+
+// raState is a handle's readahead windows.
+type raState struct {
+	mu      sync.Mutex
+	gen     uint64    // guarded by mu: bumped by every drop
+	windows []*window // guarded by mu: oldest first
+}
+
+// dropWindows forgets every window of ino's handles: their data may be
+// stale.
+func (o *ClientOps) dropWindows(ino uint64) {
+	o.filesMu.Lock()
+	var fs []*openFile
+	for _, f := range o.files[ino] {
+		fs = append(fs, f)
+	}
+	o.filesMu.Unlock()
+	for _, f := range fs {
+		f.ra.mu.Lock()
+		f.ra.gen++
+		f.ra.windows = nil
+		f.ra.mu.Unlock()
+	}
+}
+
+// readWindowed answers a large read from f's windows, fetching the
+// window(s) it needs and starting the next one. ok is false when the read
+// must go to the cluster directly.
+func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, dst []byte) (n int, ok bool, err error) {
+	if len(dst) < raMinRead || len(dst) > raWindow || off < 0 {
+		return 0, false, nil
+	}
+	start := off &^ (raWindow - 1)
+	if off+int64(len(dst)) > start+raWindow {
+		return 0, false, nil // spans two windows: rare, read it directly
+	}
+	w := o.window(f, start)
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		return 0, true, ctx.Err()
+	}
+	f.ra.mu.Lock()
+	stale := w.gen != f.ra.gen
+	f.ra.mu.Unlock()
+	if w.err != nil || stale {
+		return 0, false, nil
+	}
+	if len(w.data) == raWindow {
+		o.window(f, start+raWindow) // not at the end: the reader will want it next
+	}
+	if rel := off - w.off; rel < int64(len(w.data)) {
+		n = copy(dst, w.data[rel:])
+	}
+	return n, true, nil
+}
+
+// window returns f's window at start, starting its fetch if it has none.
+func (o *ClientOps) window(f *openFile, start int64) *window {
+	f.ra.mu.Lock()
+	defer f.ra.mu.Unlock()
+	for _, w := range f.ra.windows {
+		if w.off == start {
+			return w
+		}
+	}
+	w := &window{off: start, gen: f.ra.gen, done: make(chan struct{})}
+	if len(f.ra.windows) == raMaxAlive {
+		f.ra.windows = f.ra.windows[1:]
+	}
+	f.ra.windows = append(f.ra.windows, w)
+	go func() {
+		defer close(w.done)
+		ctx, cancel := o.bound(context.Background())
+		defer cancel()
+		buf := make([]byte, raWindow)
+		n, err := o.c.ReadHandle(ctx, f.handle, start, buf)
+		w.data, w.err = buf[:n], err
+	}()
+	return w
+}

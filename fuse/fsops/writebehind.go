@@ -1,0 +1,267 @@
+package fsops
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// Write-behind. The kernel hands a sequential writer's data over in
+// requests of at most 128 KiB and waits for each before sending the next,
+// so committing each through Raft on its own caps a stream at one commit
+// per 128 KiB. Instead, a handle collects contiguous writes into a buffer
+// of up to writeBuf bytes, acknowledges them at once, and commits full
+// buffers in the background, up to writeDepth at a time: one Raft entry
+// per MiB and several in flight.
+//
+// What keeps this correct:
+//   - Appending writes are never collected. Before a buffer is committed,
+//     it waits for every commit in flight that overlaps it, so data for
+//     the same bytes is committed in the order it was written; commits of
+//     disjoint ranges may land in any order, with the same result.
+//   - Every operation whose answer depends on the file's data or size
+//     (getattr, lookup, setattr, read, open, link, fsync) first drains
+//     the inode's buffers (barrier), so the kernel never sees a size
+//     older than the writes it was told succeeded.
+//   - Flush (each close), Fsync and Release drain and report the first
+//     error of a background commit, as NFS does. Another mount or client
+//     sees the data once it is committed: at the latest when the writer
+//     closes the file (close-to-open consistency).
+//
+// LOCK ORDERING: ClientOps.filesMu, then openFile.sendMu, then
+// openFile.mu; openFile.errMu is a leaf. Only sendMu is held while waiting
+// (for an overlapping commit or a free slot), and commits finish without
+// taking it.
+
+const (
+	writeBuf   = 1 << 20 // the largest single-message write (pb.MaxMessageData)
+	writeDepth = 4       // buffers of one handle being committed at once
+)
+
+// openFile is one handle this mount opened, with its write-behind state.
+type openFile struct {
+	ino, handle uint64
+	append      bool
+
+	// sendMu is held from taking the buffer until its commit is counted in
+	// flight, so buffers claim their ranges in the order they were filled
+	// and a drain that follows sees every commit started before it.
+	sendMu sync.Mutex
+
+	mu     sync.Mutex
+	buf    []byte // guarded by mu: collected data not yet sent
+	bufOff int64  // guarded by mu: file offset of buf[0]
+
+	slots    chan struct{}  // one token per commit in flight
+	inflight sync.WaitGroup // commits in flight
+	pending  atomic.Int64   // bytes acknowledged but not yet committed
+	ranges   []*flightRange // guarded by mu: the commits in flight
+
+	errMu sync.Mutex
+	err   error // guarded by errMu: first background commit failure
+
+	ra raState
+}
+
+// flightRange is the byte range of one commit in flight; done is closed
+// when it has been answered.
+type flightRange struct {
+	off, end int64
+	done     chan struct{}
+}
+
+func newOpenFile(ino, handle uint64, appendMode bool) *openFile {
+	return &openFile{ino: ino, handle: handle, append: appendMode, slots: make(chan struct{}, writeDepth)}
+}
+
+// register records f so that barriers on its inode find it.
+func (o *ClientOps) register(f *openFile) {
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	if o.files[f.ino] == nil {
+		o.files[f.ino] = map[uint64]*openFile{}
+	}
+	o.files[f.ino][f.handle] = f
+	o.byHandle[f.handle] = f
+}
+
+func (o *ClientOps) unregister(f *openFile) {
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	delete(o.files[f.ino], f.handle)
+	delete(o.byHandle, f.handle)
+	if len(o.files[f.ino]) == 0 {
+		delete(o.files, f.ino)
+	}
+}
+
+func (o *ClientOps) file(handle uint64) *openFile {
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	return o.byHandle[handle]
+}
+
+// dirty reports whether ino has writes acknowledged but not committed.
+func (o *ClientOps) dirty(ino uint64) bool {
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	for _, f := range o.files[ino] {
+		if f.pending.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// barrier drains every handle of ino, so that what the cluster reports
+// about ino includes every write acknowledged so far.
+func (o *ClientOps) barrier(ino uint64) {
+	o.filesMu.Lock()
+	var fs []*openFile
+	for _, f := range o.files[ino] {
+		fs = append(fs, f)
+	}
+	o.filesMu.Unlock()
+	for _, f := range fs {
+		o.drain(f)
+	}
+}
+
+// collect takes a write into f's buffer if it continues it, sending the
+// buffer when full. It reports false when the write must go on its own
+// (synchronously), after everything before it has been committed.
+func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
+	if f.append || o.opt.SyncWrites {
+		return false
+	}
+	f.mu.Lock()
+	if len(f.buf) > 0 && off == f.bufOff+int64(len(f.buf)) && len(f.buf)+len(data) <= writeBuf {
+		f.buf = append(f.buf, data...)
+		f.pending.Add(int64(len(data)))
+		full := len(f.buf) == writeBuf
+		f.mu.Unlock()
+		if full {
+			o.sendBuffered(f)
+		}
+		return true
+	}
+	f.mu.Unlock()
+	o.sendBuffered(f)
+	if len(data) >= writeBuf {
+		// Written synchronously: nothing in flight may land on it later.
+		f.inflight.Wait()
+		return false
+	}
+	f.mu.Lock()
+	f.buf = append(make([]byte, 0, writeBuf), data...)
+	f.bufOff = off
+	f.pending.Add(int64(len(data)))
+	f.mu.Unlock()
+	return true
+}
+
+// sendBuffered starts committing f's buffer, waiting for a free slot.
+func (o *ClientOps) sendBuffered(f *openFile) {
+	f.sendMu.Lock()
+	f.mu.Lock()
+	buf, off := f.buf, f.bufOff
+	f.buf = nil
+	f.mu.Unlock()
+	if len(buf) == 0 {
+		f.sendMu.Unlock()
+		return
+	}
+	r := f.claim(off, off+int64(len(buf)))
+	f.slots <- struct{}{}
+	f.inflight.Add(1)
+	f.sendMu.Unlock()
+	go func() {
+		defer func() {
+			f.release(r)
+			f.pending.Add(-int64(len(buf)))
+			<-f.slots
+			f.inflight.Done()
+		}()
+		ctx, cancel := o.bound(context.Background())
+		defer cancel()
+		n, _, err := o.c.WriteHandle(ctx, f.handle, off, buf)
+		// A read window fetched before this commit may hold the old bytes.
+		o.dropWindows(f.ino)
+		if err == nil && n != len(buf) {
+			err = syscall.EIO
+		}
+		if err != nil {
+			errnoOf("write-behind", err)
+			f.setErr(err)
+		}
+	}()
+}
+
+// claim waits until no commit in flight overlaps [off, end) and records
+// the range as in flight. The caller holds sendMu, so no other range can be
+// claimed meanwhile.
+func (f *openFile) claim(off, end int64) *flightRange {
+	for {
+		f.mu.Lock()
+		var wait chan struct{}
+		for _, r := range f.ranges {
+			if r.off < end && off < r.end {
+				wait = r.done
+				break
+			}
+		}
+		if wait == nil {
+			r := &flightRange{off: off, end: end, done: make(chan struct{})}
+			f.ranges = append(f.ranges, r)
+			f.mu.Unlock()
+			return r
+		}
+		f.mu.Unlock()
+		<-wait
+	}
+}
+
+// release ends a commit's claim on its range.
+func (f *openFile) release(r *flightRange) {
+	f.mu.Lock()
+	for i, x := range f.ranges {
+		if x == r {
+			f.ranges = append(f.ranges[:i], f.ranges[i+1:]...)
+			break
+		}
+	}
+	f.mu.Unlock()
+	close(r.done)
+}
+
+// drain sends f's buffer and waits until nothing of f is in flight.
+func (o *ClientOps) drain(f *openFile) {
+	o.sendBuffered(f)
+	f.inflight.Wait()
+}
+
+func (f *openFile) setErr(err error) {
+	f.errMu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	f.errMu.Unlock()
+}
+
+// takeErr returns and clears the first background failure.
+func (f *openFile) takeErr() error {
+	f.errMu.Lock()
+	defer f.errMu.Unlock()
+	err := f.err
+	f.err = nil
+	return err
+}
+
+// peekErr returns the first background failure, leaving it to be
+// reported again at close.
+func (f *openFile) peekErr() error {
+	f.errMu.Lock()
+	defer f.errMu.Unlock()
+	return f.err
+}

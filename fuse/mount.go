@@ -1,0 +1,256 @@
+// Package fuse mounts a MemoryFS cluster as a POSIX file system on this
+// host with bazil.org/fuse, so that unmodified programs use it.
+//
+// The work is split in three layers:
+//
+//   - fuse/fsops: the inode operations, library independent, over the
+//     client; the one place errors become errnos; the change watcher that
+//     invalidates kernel caches;
+//   - fuse/bazilfs: the thin bazil.org/fuse adapter;
+//   - this package: mountpoint checks (refusing a file or an existing
+//     mount, clearing a stale one), mount options, serving, unmounting.
+//
+// # Kernel caching
+//
+// Attributes and entries are cached for Options.AttrTimeout (1 s), file
+// data in the page cache. The cluster's change stream invalidates both
+// when another mount or client changes something, so changes are seen
+// well before the timeouts. The kernel writeback cache is off unless asked
+// for (see Options.WritebackCache).
+//
+// This package must never import the server or the state machine.
+package fuse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	bfuse "bazil.org/fuse"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/fuse/bazilfs"
+	"github.com/memoryfs/memfs/fuse/fsops"
+)
+
+// Defaults of Options.
+const (
+	DefaultAttrTimeout  = time.Second
+	DefaultReadaheadKiB = 1024
+	// MaxIO is the largest read or write the kernel sends in one request
+	// through bazil.org/fuse.
+	MaxIO = bazilfs.MaxIO
+)
+
+// Options control one mount.
+type Options struct {
+	// AttrTimeout is how long the kernel caches attributes and names
+	// (DefaultAttrTimeout when 0).
+	AttrTimeout time.Duration
+	// OpTimeout is how long an operation waits for the cluster before it
+	// fails with EIO (fsops.DefaultOpTimeout when 0).
+	OpTimeout time.Duration
+	// AllowOther lets users other than the one mounting use the mount
+	// (needs user_allow_other in /etc/fuse.conf unless root).
+	AllowOther bool
+	// WritebackCache turns on the kernel's writeback cache: faster
+	// small writes, but O_APPEND is then placed by this kernel, so appends
+	// from two mounts may overwrite each other.
+	WritebackCache bool
+	// ForceUnmount detaches a live FUSE mount found on the mountpoint
+	// instead of refusing it. A stale one is always cleared.
+	ForceUnmount bool
+	// ReadaheadKiB, when positive, raises the kernel's readahead window
+	// for the mount above the 128 KiB FUSE starts with (needs root;
+	// DefaultReadaheadKiB when 0, none when negative).
+	ReadaheadKiB int
+	// NoWatch leaves the change stream unread (for measurements): other
+	// mounts' changes are then seen only when the timeouts run out.
+	NoWatch bool
+	// FSName is the source shown in the mount table ("memfs" when empty).
+	FSName string
+	// Debug, if set, receives a trace line for every FUSE request and
+	// reply.
+	Debug func(msg any)
+}
+
+// MountPoint is a mounted cluster.
+type MountPoint struct {
+	dir       string
+	conn      *bfuse.Conn
+	ops       *fsops.ClientOps
+	fs        *bazilfs.FS
+	stopWatch context.CancelFunc
+	done      chan struct{}
+	serveErr  error // set before done is closed
+	unmount   sync.Once
+	unmountEr error
+}
+
+// Mount mounts the cluster c serves on dir and serves it until it is
+// unmounted. It returns once the mount is ready for use. The caller keeps
+// ownership of c and must close it only after the mount is gone.
+func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*MountPoint, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	real, err := PrepareMountpoint(ctx, dir, opt.ForceUnmount)
+	if err != nil {
+		return nil, err
+	}
+	if opt.AttrTimeout <= 0 {
+		opt.AttrTimeout = DefaultAttrTimeout
+	}
+	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache})
+	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
+	conn, err := bfuse.Mount(real, mountOptions(opt)...)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", real, err)
+	}
+	m := &MountPoint{dir: real, conn: conn, ops: ops, fs: bfs, done: make(chan struct{})}
+	wctx, stop := context.WithCancel(context.Background())
+	m.stopWatch = stop
+	if !opt.NoWatch {
+		go ops.Watch(wctx, bfs)
+	}
+	go func() {
+		m.serveErr = bfs.Serve(conn)
+		close(m.done)
+	}()
+	if opt.ReadaheadKiB >= 0 {
+		setReadahead(real, cmp(opt.ReadaheadKiB, DefaultReadaheadKiB))
+	}
+	return m, nil
+}
+
+func cmp(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// mountOptions are the kernel mount options for opt.
+func mountOptions(opt Options) []bfuse.MountOption {
+	name := opt.FSName
+	if name == "" {
+		name = "memfs"
+	}
+	o := []bfuse.MountOption{
+		bfuse.FSName(name),
+		bfuse.Subtype("memfs"),
+		// The kernel checks modes itself against the attributes.
+		bfuse.DefaultPermissions(),
+		// Several reads of one file in flight at once (readahead).
+		bfuse.AsyncRead(),
+		// The kernel takes the smaller of this and its own default;
+		// setReadahead raises the latter.
+		bfuse.MaxReadahead(1 << 20),
+		bfuse.MaxBackground(64),
+		bfuse.CongestionThreshold(48),
+	}
+	if opt.AllowOther {
+		o = append(o, bfuse.AllowOther())
+	}
+	if opt.WritebackCache {
+		o = append(o, bfuse.WritebackCache())
+	}
+	return o
+}
+
+// setReadahead sets the readahead window of the mount's backing device
+// info (/sys/class/bdi/0:N/read_ahead_kb). It is best effort: without root
+// the kernel's default stays.
+func setReadahead(dir string, kib int) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return
+	}
+	major, minor := (st.Dev>>8)&0xfff, (st.Dev&0xff)|((st.Dev>>12)&0xfff00)
+	p := filepath.Join("/sys/class/bdi", fmt.Sprintf("%d:%d", major, minor), "read_ahead_kb")
+	if err := os.WriteFile(p, []byte(strconv.Itoa(kib)), 0o644); err != nil {
+		slog.Debug("fuse: could not raise readahead", "path", p, "err", err)
+	}
+}
+
+// Dir is the absolute path the cluster is mounted on.
+func (m *MountPoint) Dir() string { return m.dir }
+
+// Done is closed when the mount is gone (unmounted here or elsewhere).
+func (m *MountPoint) Done() <-chan struct{} { return m.done }
+
+// Err is why serving stopped, once Done is closed (nil after an unmount).
+func (m *MountPoint) Err() error {
+	select {
+	case <-m.done:
+		return m.serveErr
+	default:
+		return nil
+	}
+}
+
+// unmountRetry paces unmount attempts while the mount is busy.
+const unmountRetry = 100 * time.Millisecond
+
+// Unmount unmounts the file system and waits until serving has stopped.
+// While the mount is busy (a process has a file open or its working
+// directory in it) it retries until ctx ends, then detaches it lazily: the
+// kernel removes it once the last user leaves.
+func (m *MountPoint) Unmount(ctx context.Context) error {
+	m.unmount.Do(func() { m.unmountEr = m.doUnmount(ctx) })
+	return m.unmountEr
+}
+
+func (m *MountPoint) doUnmount(ctx context.Context) error {
+	defer m.stopWatch()
+	for {
+		select {
+		case <-m.done:
+			return m.closeConn()
+		default:
+		}
+		err := fusermountUnmount(context.WithoutCancel(ctx), m.dir, false)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			slog.Warn("fuse: mount still busy; detaching it lazily", "dir", m.dir, "err", err)
+			if lerr := fusermountUnmount(context.WithoutCancel(ctx), m.dir, true); lerr != nil {
+				return errors.Join(err, lerr)
+			}
+			break
+		}
+		t := time.NewTimer(unmountRetry)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		case <-m.done:
+			t.Stop()
+		}
+	}
+	// The kernel ends the connection at unmount; serving stops soon
+	// after. A lazy unmount of a busy mount ends it only when the last
+	// user leaves, so this does not wait on ctx.
+	select {
+	case <-m.done:
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("unmount %s: still serving 5 s after unmount (lazily detached and busy?)", m.dir)
+	}
+	return m.closeConn()
+}
+
+func (m *MountPoint) closeConn() error {
+	err := m.conn.Close()
+	if m.serveErr != nil {
+		return errors.Join(m.serveErr, err)
+	}
+	return err
+}

@@ -1,0 +1,463 @@
+package posixtest
+
+import (
+	"math/rand/v2"
+	"strings"
+	"syscall"
+)
+
+// Case is one scenario. It runs in an empty directory (r.Dir) and records
+// every outcome through r.
+type Case func(r *Rec)
+
+const (
+	rdonly = syscall.O_RDONLY
+	wronly = syscall.O_WRONLY
+	rdwr   = syscall.O_RDWR
+	creat  = syscall.O_CREAT
+	excl   = syscall.O_EXCL
+	trunc  = syscall.O_TRUNC
+	appnd  = syscall.O_APPEND
+)
+
+// Data returns n deterministic pseudo-random bytes for seed, so that both
+// sides of a comparison write the same content.
+func Data(seed uint64, n int) []byte {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := rng.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	for i := n &^ 7; i < n; i++ {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// Cases is the suite, by name.
+var Cases = map[string]Case{
+	"files":           files,
+	"dirs":            dirs,
+	"renames":         renames,
+	"hardlinks":       hardlinks,
+	"symlinks":        symlinks,
+	"modes":           modes,
+	"truncate":        truncate,
+	"sparse":          sparse,
+	"append":          appendCase,
+	"excl":            exclCase,
+	"unlink_open":     unlinkOpen,
+	"large":           large,
+	"xattrs":          xattrs,
+	"times":           times,
+	"big_dir":         bigDir,
+	"names":           names,
+	"rename_open":     renameOpen,
+	"overwrite_tails": overwriteTails,
+}
+
+func files(r *Rec) {
+	r.Open("a", "f", wronly|creat, 0o644)
+	r.Write("a", []byte("hello"))
+	r.Pwrite("a", []byte("J"), 0)
+	r.Close("a")
+	r.Stat("f")
+	r.ReadFile("f")
+	r.Open("b", "f", rdonly, 0)
+	r.Pread("b", 100, 0)
+	r.Pread("b", 3, 2)
+	r.Pread("b", 10, 5)
+	r.Pread("b", 10, 1000)
+	r.Write("b", []byte("x"))
+	r.Close("b")
+	r.Open("c", "missing", rdonly, 0)
+	r.Open("c", "f", wronly|trunc, 0)
+	r.Close("c")
+	r.Stat("f")
+	r.Open("d", "f/x", rdonly, 0)
+	r.Open("d", "f", rdonly|syscall.O_DIRECTORY, 0)
+	r.Open("e", "f", rdwr, 0)
+	r.Write("e", []byte("abcdef"))
+	r.Seek("e", 2, 0)
+	r.Read("e", 2)
+	r.Seek("e", 0, 2)
+	r.Close("e")
+	r.Access("f", 4)
+	r.Access("missing", 4)
+}
+
+func dirs(r *Rec) {
+	r.Mkdir("d", 0o755)
+	r.Mkdir("d", 0o755)
+	r.Mkdir("d/e", 0o700)
+	r.Mkdir("missing/e", 0o755)
+	r.WriteFile("d/f", []byte("x"), 0o644)
+	r.Mkdir("d/f/g", 0o755)
+	r.Stat("d")
+	r.Stat("d/e")
+	r.ReadDir("d")
+	r.Rmdir("d")
+	r.Rmdir("d/f")
+	r.Unlink("d/e")
+	r.Rmdir("d/e")
+	r.Open("x", "d", wronly, 0)
+	r.Open("y", "d", rdonly, 0)
+	r.Read("y", 10)
+	r.Close("y")
+	r.Unlink("d/f")
+	r.Rmdir("d")
+	r.Stat("d")
+	r.ReadDir("")
+	r.Rmdir("missing")
+}
+
+func renames(r *Rec) {
+	r.WriteFile("a", []byte("A"), 0o644)
+	r.WriteFile("b", []byte("BB"), 0o644)
+	r.Rename("a", "c")
+	r.Stat("a")
+	r.ReadFile("c")
+	r.Rename("c", "b") // replaces b
+	r.ReadFile("b")
+	r.Stat("c")
+	r.Rename("b", "b")
+	r.Mkdir("d1", 0o755)
+	r.Mkdir("d2", 0o755)
+	r.Mkdir("d3", 0o755)
+	r.WriteFile("d3/x", nil, 0o644)
+	r.Rename("d1", "d2") // onto an empty directory
+	r.Stat("d1")
+	r.Rename("d2", "d3") // onto a non-empty one
+	r.Rename("b", "d2")  // file onto directory
+	r.Rename("d2", "b")  // directory onto file
+	r.Rename("d2", "d2/sub")
+	r.Mkdir("d2/sub", 0o755)
+	r.Rename("d2", "d2/sub/inner")
+	r.Rename("missing", "z")
+	r.Rename("b", "missing/z")
+	r.Rename("b", "d3/y") // across directories
+	r.ReadDir("d3")
+	r.ReadDir("")
+	r.Rename("d2", "d3/d2")
+	r.Stat("d3/d2/sub")
+	r.Stat("d3")
+}
+
+func hardlinks(r *Rec) {
+	r.WriteFile("a", []byte("one"), 0o644)
+	r.Link("a", "b")
+	r.Stat("a")
+	r.Stat("b")
+	r.Open("w", "b", wronly|appnd, 0)
+	r.Write("w", []byte("+two"))
+	r.Close("w")
+	r.ReadFile("a")
+	r.Link("a", "b")
+	r.Mkdir("d", 0o755)
+	r.Link("d", "e")
+	r.Link("missing", "e")
+	r.Link("a", "d/c")
+	r.Unlink("a")
+	r.Stat("b")
+	r.Stat("d/c")
+	r.Chmod("b", 0o600)
+	r.Stat("d/c")
+	r.Rename("b", "d/c") // both names of one inode: nothing happens
+	r.Stat("b")
+	r.Unlink("b")
+	r.Stat("d/c")
+}
+
+func symlinks(r *Rec) {
+	r.WriteFile("f", []byte("target data"), 0o644)
+	r.Symlink("f", "l")
+	r.Symlink("missing", "dangling")
+	r.Symlink("/absolute/path", "abs")
+	r.Symlink("f", "l")
+	r.Lstat("l")
+	r.Stat("l")
+	r.Stat("dangling")
+	r.Lstat("dangling")
+	r.Readlink("l")
+	r.Readlink("abs")
+	r.Readlink("f")
+	r.ReadFile("l")
+	r.Open("n", "l", rdonly|syscall.O_NOFOLLOW, 0)
+	r.Mkdir("d", 0o755)
+	r.Symlink("../f", "d/up")
+	r.ReadFile("d/up")
+	r.Symlink("d", "dl")
+	r.ReadDir("dl")
+	r.Stat("dl/up")
+	r.Symlink("loop2", "loop1")
+	r.Symlink("loop1", "loop2")
+	r.Stat("loop1")
+	r.Rename("l", "l2")
+	r.Readlink("l2")
+	r.Unlink("l2")
+	r.Stat("f")
+	r.Symlink(strings.Repeat("x", 1000), "long")
+	r.Readlink("long")
+	r.Lstat("long")
+	r.ReadDir("")
+}
+
+func modes(r *Rec) {
+	r.Open("a", "f", wronly|creat, 0o640)
+	r.Close("a")
+	r.Stat("f")
+	r.Chmod("f", 0o755)
+	r.Stat("f")
+	r.Chmod("f", 0o4755)
+	r.Stat("f")
+	r.Chmod("f", 0o2700)
+	r.Stat("f")
+	r.Chmod("f", 0)
+	r.Stat("f")
+	r.Mkdir("d", 0o700)
+	r.Stat("d")
+	r.Chmod("d", 0o2775)
+	r.Stat("d")
+	r.Chown("f", 1234, 5678)
+	r.Stat("f")
+	r.Chown("f", -1, 42)
+	r.Stat("f")
+	r.Symlink("f", "l")
+	r.Chown("l", 77, 88)
+	r.Lstat("l")
+	r.Stat("l")
+	r.Chmod("missing", 0o644)
+}
+
+func truncate(r *Rec) {
+	r.WriteFile("f", Data(1, 10000), 0o644)
+	r.Truncate("f", 100)
+	r.Stat("f")
+	r.ReadFile("f")
+	r.Truncate("f", 5000)
+	r.Stat("f")
+	r.ReadFile("f")
+	r.Open("a", "f", rdwr, 0)
+	r.Ftruncate("a", 10)
+	r.Fstat("a")
+	r.Pread("a", 100, 0)
+	r.Ftruncate("a", 200000)
+	r.Pread("a", 50, 199990)
+	r.Close("a")
+	r.Truncate("f", 0)
+	r.Stat("f")
+	r.Mkdir("d", 0o755)
+	r.Truncate("d", 0)
+	r.Truncate("missing", 0)
+	r.Truncate("f", -1)
+}
+
+func sparse(r *Rec) {
+	r.Open("a", "f", rdwr|creat, 0o644)
+	r.Pwrite("a", []byte("end"), 10<<20)
+	r.Pwrite("a", []byte("start"), 0)
+	r.Fstat("a")
+	r.Pread("a", 100, 5<<20)
+	r.Pread("a", 10, 10<<20-4)
+	r.Pread("a", 16, 0)
+	r.Close("a")
+	r.Sparse("f")
+	r.ReadFile("f")
+	r.Truncate("f", 20<<20)
+	r.Sparse("f")
+	r.Stat("f")
+}
+
+func appendCase(r *Rec) {
+	r.WriteFile("f", []byte("base"), 0o644)
+	r.Open("a", "f", wronly|appnd, 0)
+	r.Write("a", []byte("-one"))
+	r.Seek("a", 0, 0)
+	r.Write("a", []byte("-two"))
+	r.Pwrite("a", []byte("-three"), 0) // Linux appends despite the offset
+	r.Close("a")
+	r.ReadFile("f")
+	r.Open("b", "f", rdwr|appnd, 0)
+	r.Open("c", "f", wronly|appnd, 0)
+	r.Write("b", []byte("[b]"))
+	r.Write("c", []byte("[c]"))
+	r.Write("b", []byte("[b2]"))
+	r.Seek("b", 0, 0)
+	r.Read("b", 100)
+	r.Close("b")
+	r.Close("c")
+	r.Open("d", "new", wronly|appnd|creat, 0o600)
+	r.Write("d", Data(2, 300000))
+	r.Write("d", []byte("tail"))
+	r.Close("d")
+	r.Stat("new")
+	r.ReadFile("new")
+}
+
+func exclCase(r *Rec) {
+	r.Open("a", "f", wronly|creat|excl, 0o600)
+	r.Close("a")
+	r.Open("b", "f", wronly|creat|excl, 0o600)
+	r.Open("b", "f", wronly|creat, 0o600)
+	r.Close("b")
+	r.Symlink("nowhere", "l")
+	r.Open("c", "l", wronly|creat|excl, 0o600)
+	r.Stat("nowhere")
+	r.Mkdir("d", 0o755)
+	r.Open("e", "d", wronly|creat|excl, 0o600)
+	r.Open("e", "d", rdonly|creat, 0o600)
+	r.Open("e", "missing/f", wronly|creat, 0o600)
+	r.ReadDir("")
+}
+
+func unlinkOpen(r *Rec) {
+	r.WriteFile("f", []byte("still here"), 0o644)
+	r.Open("a", "f", rdwr, 0)
+	r.Open("b", "f", rdonly, 0)
+	r.Unlink("f")
+	r.Stat("f")
+	r.Pread("a", 100, 0)
+	r.Fstat("a")
+	r.Pwrite("a", []byte(" and more"), 10)
+	r.Pread("b", 100, 0)
+	r.Ftruncate("a", 5)
+	r.Pread("b", 100, 0)
+	r.Close("a")
+	r.Pread("b", 100, 0)
+	r.Fstat("b")
+	r.Close("b")
+	r.ReadDir("")
+	r.WriteFile("f", []byte("new"), 0o644)
+	r.ReadFile("f")
+	// Replacing a file by rename while it is open behaves the same way.
+	r.Open("c", "f", rdonly, 0)
+	r.WriteFile("g", []byte("replacement"), 0o644)
+	r.Rename("g", "f")
+	r.Pread("c", 100, 0)
+	r.ReadFile("f")
+	r.Close("c")
+}
+
+func large(r *Rec) {
+	const size = 24<<20 + 12345
+	data := Data(3, size)
+	r.Open("a", "big", wronly|creat|trunc, 0o644)
+	for off := 0; off < size; {
+		n := 1 << 20
+		if off%(3<<20) == 0 {
+			n = 100003 // odd sizes cross chunk and page boundaries
+		}
+		if off+n > size {
+			n = size - off
+		}
+		r.Write("a", data[off:off+n])
+		off += n
+	}
+	r.Fsync("a")
+	r.Close("a")
+	r.Stat("big")
+	r.ReadFile("big")
+	r.Open("b", "big", rdwr, 0)
+	rng := rand.New(rand.NewPCG(4, 4))
+	for i := 0; i < 20; i++ {
+		off := rng.Int64N(size)
+		r.Pread("b", 1+rng.IntN(300000), off)
+	}
+	r.Pwrite("b", Data(5, 200000), 7<<20+3)
+	r.Pread("b", 300000, 7<<20-50000)
+	r.Close("b")
+	r.ReadFile("big")
+}
+
+func xattrs(r *Rec) {
+	r.WriteFile("f", nil, 0o644)
+	r.Setxattr("f", "user.a", []byte("alpha"), 0)
+	r.Setxattr("f", "user.b", []byte(""), 0)
+	r.Setxattr("f", "user.a", []byte("again"), 1) // XATTR_CREATE
+	r.Setxattr("f", "user.c", []byte("x"), 2)     // XATTR_REPLACE
+	r.Setxattr("f", "user.a", []byte("beta"), 2)
+	r.Getxattr("f", "user.a", 100)
+	r.Getxattr("f", "user.a", 0)
+	r.Getxattr("f", "user.a", 2)
+	r.Getxattr("f", "user.b", 100)
+	r.Getxattr("f", "user.missing", 100)
+	r.Listxattr("f")
+	r.Removexattr("f", "user.a")
+	r.Removexattr("f", "user.a")
+	r.Listxattr("f")
+	r.Mkdir("d", 0o755)
+	r.Setxattr("d", "user.dir", Data(6, 3000), 0)
+	r.Getxattr("d", "user.dir", 4000)
+	r.Getxattr("missing", "user.a", 10)
+}
+
+func times(r *Rec) {
+	r.WriteFile("f", []byte("t"), 0o644)
+	r.Utimes("f", 1_000_000_000_123456789, 1_200_000_000_987654321)
+	r.StatTimes("f")
+	r.Mkdir("d", 0o755)
+	r.Utimes("d", 42, 43)
+	r.StatTimes("d")
+	r.Utimes("missing", 1, 2)
+}
+
+func bigDir(r *Rec) {
+	r.Mkdir("d", 0o755)
+	for i := 0; i < 600; i++ {
+		r.WriteFile("d/"+strings.Repeat("n", i%40)+itoa(i), nil, 0o644)
+	}
+	r.ReadDir("d")
+	for i := 0; i < 600; i += 3 {
+		r.Unlink("d/" + strings.Repeat("n", i%40) + itoa(i))
+	}
+	r.ReadDir("d")
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i < 10 {
+		return digits[i : i+1]
+	}
+	return itoa(i/10) + digits[i%10:i%10+1]
+}
+
+func names(r *Rec) {
+	r.WriteFile(strings.Repeat("a", 255), []byte("x"), 0o644)
+	r.WriteFile(strings.Repeat("b", 256), []byte("x"), 0o644)
+	r.Mkdir(strings.Repeat("c", 256), 0o755)
+	r.Stat(strings.Repeat("a", 255))
+	r.WriteFile("sp ace", []byte("1"), 0o644)
+	r.WriteFile("ünï©ødé", []byte("2"), 0o644)
+	r.WriteFile("-dash", []byte("3"), 0o644)
+	r.WriteFile("new\nline", []byte("4"), 0o644)
+	r.ReadDir("")
+}
+
+func renameOpen(r *Rec) {
+	r.WriteFile("a", []byte("content of a"), 0o644)
+	r.Open("h", "a", rdwr, 0)
+	r.Rename("a", "b")
+	r.Pwrite("h", []byte("A"), 0)
+	r.ReadFile("b")
+	r.Fstat("h")
+	r.Close("h")
+	r.Mkdir("d", 0o755)
+	r.Open("dh", "d", rdonly|syscall.O_DIRECTORY, 0)
+	r.Rename("d", "e")
+	r.Close("dh")
+	r.Stat("e")
+}
+
+func overwriteTails(r *Rec) {
+	r.WriteFile("f", Data(7, 200000), 0o644)
+	r.Open("a", "f", rdwr, 0)
+	for _, off := range []int64{0, 4095, 4096, 65535, 65536, 131071, 199999, 250000} {
+		r.Pwrite("a", []byte("<>"), off)
+	}
+	r.Fstat("a")
+	r.Close("a")
+	r.ReadFile("f")
+}
