@@ -20,7 +20,7 @@ fi
 
 if [ -f docker/chaos.sh ] && docker info >/dev/null 2>&1; then
   step "docker chaos test"
-  make -s docker-test
+  make -s -C docker docker-test
 else
   step "docker chaos test skipped: no docker daemon answered"
 fi
