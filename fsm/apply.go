@@ -84,6 +84,9 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 		if r := sess.recorded(c.Seq); c.Seq != 0 && r != nil {
 			return copyResult(r)
 		}
+		if c.Seq != 0 && c.Seq < sess.floor {
+			return errResult(errf(syscall.EALREADY, "command %d of session %d was already answered", c.Seq, sess.id))
+		}
 		sess.prune(c.Ack)
 	}
 	r, err := t.exec(c, sess)
@@ -221,6 +224,7 @@ func (t *tx) sessMut(s *session) *session {
 
 // prune drops the recorded results with seq < ack: the client has them.
 func (s *session) prune(ack uint64) {
+	s.floor = max(s.floor, ack)
 	i := 0
 	for i < len(s.dups) && s.dups[i].seq < ack {
 		i++

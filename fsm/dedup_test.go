@@ -3,6 +3,8 @@ package fsm_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"syscall"
 	"testing"
@@ -188,4 +190,32 @@ func TestEntryCarriesTheBudget(t *testing.T) {
 	small.Index++
 	small.F.Apply(small.Index, e) // 0 keeps the budget in force
 	require.Zero(t, small.F.Stats().Block.Limit)
+}
+
+// BenchmarkCloneTree10k applies one recursive CloneCmd of a tree of 10,000
+// 4 KiB files in 100 directories to the state machine alone:
+//
+//	go test ./fsm/ -run '^$' -bench CloneTree10k -benchtime 10x
+func BenchmarkCloneTree10k(b *testing.B) {
+	h := ft.New(b, fsm.Config{})
+	h.Must(ft.Mkdir("/src", 0o755))
+	data := make([]byte, 4096)
+	for d := range 100 {
+		dir := fmt.Sprintf("/src/d%d", d)
+		h.Must(ft.Mkdir(dir, 0o755))
+		cmds := make([]*pb.Command, 100)
+		for f := range cmds {
+			binary.LittleEndian.PutUint64(data, uint64(d*100+f))
+			cmds[f] = &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{Loc: ft.Path(fmt.Sprintf("%s/f%d", dir, f)),
+				Data: append([]byte(nil), data...), Create: true, Mode: 0o644}}}
+		}
+		for _, r := range h.Apply(cmds...) {
+			require.Zero(b, r.Errno, r.Message)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		h.Must(ft.Clone("/src", fmt.Sprintf("/dst%d", i), true))
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/clone")
 }

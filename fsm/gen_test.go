@@ -1,6 +1,7 @@
 package fsm_test
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -74,8 +75,10 @@ func (g *logGen) command() *pb.Command {
 		}
 	case 3:
 		c = ft.Close(g.handle())
-	case 4, 5, 6:
+	case 4, 5:
 		c = ft.Write(g.path(), int64(g.rng.IntN(4*cs)), g.data())
+	case 6:
+		c = g.mixedWrite()
 	case 7:
 		c = ft.WriteH(g.handle(), int64(g.rng.IntN(4*cs)), g.data())
 	case 8:
@@ -89,7 +92,8 @@ func (g *logGen) command() *pb.Command {
 	case 12:
 		c = ft.Link(g.path(), g.path())
 	case 13:
-		c = ft.SetXattr(g.path(), "user."+genNames[g.rng.IntN(3)], g.data()[:g.rng.IntN(8)], uint32(g.rng.IntN(3)))
+		v := g.data()
+		c = ft.SetXattr(g.path(), "user."+genNames[g.rng.IntN(3)], v[:min(len(v), g.rng.IntN(8))], uint32(g.rng.IntN(3)))
 	case 14:
 		c = ft.RemoveXattr(g.path(), "user."+genNames[g.rng.IntN(3)])
 	case 15:
@@ -185,3 +189,27 @@ func genLog(seed uint64, n int) []*pb.Entry {
 const genLimit = 64 * cs
 
 func (g *logGen) String() string { return fmt.Sprintf("logGen(t=%d)", g.time) }
+
+// mixedWrite is a write with some whole chunks named by hash (dedup on the
+// wire) and the rest as data; a named block may or may not be stored.
+func (g *logGen) mixedWrite() *pb.Command {
+	off := int64(g.rng.IntN(4 * cs))
+	if g.rng.IntN(2) == 0 {
+		off -= off % cs
+	}
+	data := g.data()
+	w := &pb.WriteCmd{Loc: ft.Path(g.path()), Offset: off, Length: uint64(len(data))}
+	for pos := off; pos < off+int64(len(data)); {
+		next := min((pos/cs+1)*cs, off+int64(len(data)))
+		piece := data[pos-off : next-off]
+		if pos%cs == 0 && len(piece) == cs && g.rng.IntN(3) != 0 {
+			h := sha256.Sum256(piece)
+			w.Hashes = append(w.Hashes, h[:])
+		} else {
+			w.Hashes = append(w.Hashes, nil)
+			w.Data = append(w.Data, piece...)
+		}
+		pos = next
+	}
+	return &pb.Command{Op: &pb.Command_Write{Write: w}}
+}

@@ -235,7 +235,7 @@ func (rs *restorer) header(d *dec, limit uint64) error {
 }
 
 func (rs *restorer) session(d *dec) error {
-	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s()}
+	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s(), floor: d.u()}
 	if err := d.done(); err != nil {
 		return err
 	}

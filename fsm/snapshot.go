@@ -78,7 +78,7 @@ func (sn *snapshot) records(sw *snapWriter) {
 	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
 	sw.record(recHeader, e.b, nil)
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
-		sw.record(recSession, e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).b, nil)
+		sw.record(recSession, e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor).b, nil)
 		return sw.err != nil
 	})
 	s.handles.root().Walk(func(_ []byte, h *handle) bool {

@@ -134,6 +134,10 @@ type session struct {
 	expires int64
 	client  string
 	dups    []dupRec
+	// floor is the highest ack the client has sent: every seq below it
+	// has been answered, so a copy of one arriving late (held back by the
+	// network, a forward still in flight) is refused, never run again.
+	floor uint64
 }
 
 // dupRec is one recorded result.

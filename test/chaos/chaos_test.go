@@ -53,7 +53,11 @@ type scenario struct {
 	storage  harness.Storage
 	faults   []workload.Fault
 	lossy    bool // an unreliable network for the whole run
-	duration time.Duration
+	// dataFiles, when not 0, spreads the data operations over more files:
+	// each operation whose outcome is unknown multiplies the orders
+	// porcupine must try on its key, so many of them on one key can make a
+	// check run out of time.
+	dataFiles int
 }
 
 var scenarios = []scenario{
@@ -69,7 +73,7 @@ var scenarios = []scenario{
 	{name: "EphemeralMinorityCrashes", clients: 3, storage: harness.Ephemeral, faults: []workload.Fault{workload.CrashOne, workload.CrashLeader}},
 	// Not in 6.824: the leader's clock jumps, so session leases run out
 	// under the clients' feet in the middle of their retries.
-	{name: "ClockJumps", clients: 4, workers: 2, faults: []workload.Fault{workload.ClockJump, workload.CrashLeader, workload.IsolateLeader}},
+	{name: "ClockJumps", clients: 4, workers: 2, dataFiles: 8, faults: []workload.Fault{workload.ClockJump, workload.CrashLeader, workload.IsolateLeader}},
 }
 
 // variant is a cluster shape every scenario runs in.
@@ -139,6 +143,9 @@ func runHistory(t *testing.T, c *harness.Cluster, sc scenario, v variant, seed i
 	}
 	if sc.clients == 1 {
 		r.Workload.DataFiles, r.Workload.Groups = 2, 1
+	}
+	if sc.dataFiles > 0 {
+		r.Workload.DataFiles = sc.dataFiles
 	}
 	if len(sc.faults) > 0 || sc.lossy {
 		r.Nemesis = &workload.Nemesis{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"os"
 	"testing"
 	"time"
 
@@ -24,13 +23,10 @@ import (
 // arrives. It must not run again: the directory stays removed.
 //
 // This is how the soak found directories coming back after their removal
-// and appends applied twice (docs/testing.md, "Bugs the suite found"). It
-// runs with MEMFS_KNOWN_BUGS=1 until the state machine refuses a command
-// whose seq is below the session's acknowledged floor.
+// and appends applied twice (docs/testing.md, "Bugs the suite found"); the
+// state machine now refuses (EALREADY) a command whose seq is below the
+// highest ack its session has sent.
 func TestDelayedDuplicateAfterAck(t *testing.T) {
-	if os.Getenv("MEMFS_KNOWN_BUGS") != "1" {
-		t.Skip("known state machine issue; set MEMFS_KNOWN_BUGS=1 to check it")
-	}
 	c := harness.Start(t, harness.Options{Nodes: 3, Seed: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
