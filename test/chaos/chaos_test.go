@@ -47,12 +47,12 @@ func join(sets ...[]workload.Fault) []workload.Fault {
 
 // scenario is one of the 6.824-style tests.
 type scenario struct {
-	name     string
-	clients  int
-	workers  int // per client
-	storage  harness.Storage
-	faults   []workload.Fault
-	lossy    bool // an unreliable network for the whole run
+	name    string
+	clients int
+	workers int // per client
+	storage harness.Storage
+	faults  []workload.Fault
+	lossy   bool // an unreliable network for the whole run
 	// dataFiles, when not 0, spreads the data operations over more files:
 	// each operation whose outcome is unknown multiplies the orders
 	// porcupine must try on its key, so many of them on one key can make a
