@@ -434,6 +434,10 @@ func (s *service) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[
 			return w.err()
 		case <-stream.Context().Done():
 			return stream.Context().Err()
+		case <-s.n.ctx.Done():
+			// The node is stopping: end the stream so a graceful stop
+			// need not wait for watchers (a mounted client never leaves).
+			return status.Error(codes.Unavailable, "node is stopping")
 		}
 	}
 }
