@@ -658,8 +658,12 @@ func (x *CloseCmd) GetHandle() uint64 {
 // WriteCmd writes data at offset into the file open as handle, or, when
 // handle is 0, into the regular file at loc (no open needed, like pwrite on
 // a path). append writes at the end of file regardless of offset. hashes,
-// when set, replace data by references to blocks already stored (dedup on
-// the wire, issue 6): block i of the write is hashes[i].
+// when set, name blocks already stored instead of carrying them (dedup on
+// the wire, issue 6): the write [offset, offset+length) is cut at chunk
+// boundaries into pieces, one hashes entry each; a 32-byte entry names the
+// stored block that becomes that whole chunk, an empty entry means the
+// piece's bytes follow in data (pieces in order). A named block that is not
+// stored is EREMOTEIO (resend with the data); see docs/dedup.md.
 type WriteCmd struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Handle uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -11,7 +12,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/memoryfs/memfs/fsm"
+	ft "github.com/memoryfs/memfs/fsm/fsmtest"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -221,5 +225,96 @@ func TestLeaderBudgetAppliesEverywhere(t *testing.T) {
 		got := n.FSM().Stats()
 		require.Equal(t, want.Block, got.Block, "node %s", n.ID())
 		require.Equal(t, want.LogicalBytes, got.LogicalBytes, "node %s", n.ID())
+	}
+}
+
+// BenchmarkSlimWrite is the leader's whole dedup-on-the-wire cost for one
+// 1 MiB write: of unique data (16 hashes, nothing found, the command goes
+// unchanged) and of stored data (16 hashes and a by-hash command):
+//
+//	go test ./server/ -run '^$' -bench SlimWrite
+func BenchmarkSlimWrite(b *testing.B) {
+	for _, stored := range []bool{false, true} {
+		name := map[bool]string{false: "unique", true: "stored"}[stored]
+		b.Run(name, func(b *testing.B) {
+			f, err := fsm.New(fsm.Config{})
+			require.NoError(b, err)
+			data := randomBytes(1<<20, 5)
+			if stored {
+				r := f.Apply(1, ft.Entry(1, &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
+					Loc: ft.Path("/f"), Data: data, Create: true, Mode: 0o644}}}))
+				require.Zero(b, r[0].Errno, r[0].Message)
+			}
+			n := &Node{fsm: f}
+			cmd := writeCmd("/g", 0, data)
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				slim, _ := n.slimWrite(cmd)
+				if (slim != nil) != stored {
+					b.Fatalf("slim %v, stored %v", slim != nil, stored)
+				}
+			}
+		})
+	}
+}
+
+// TestSlimWrite checks which pieces the leader sends by hash, and that the
+// slim command keeps everything else of the original, which stays intact
+// for a resend.
+func TestSlimWrite(t *testing.T) {
+	const cs = 64 << 10
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	stored := randomBytes(4*cs, 7)
+	r := f.Apply(1, ft.Entry(1, &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
+		Loc: ft.Path("/f"), Data: stored, Create: true, Mode: 0o644}}}))
+	require.Zero(t, r[0].Errno, r[0].Message)
+	fresh := randomBytes(2*cs, 8)
+	mixed := append(append(append([]byte(nil), stored[:2*cs]...), fresh[:cs]...), stored[3*cs:]...)
+	tests := []struct {
+		name    string
+		w       *pb.WriteCmd
+		disable bool
+		hashed  []bool // per piece; nil: no slim command
+	}{
+		{"all stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, false, []bool{true, true, true, true}},
+		{"mixed", &pb.WriteCmd{Handle: 9, Offset: 8 * cs, Data: mixed}, false, []bool{true, true, false, true}},
+		{"unaligned edges", &pb.WriteCmd{Loc: ft.Path("/g"), Offset: cs - 10, Data: append(append(bytes.Repeat([]byte{1}, 10), stored[:cs]...), 2)},
+			false, []bool{false, true, false}},
+		{"create and truncate kept", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:2*cs], Create: true, Truncate: true, Mode: 0o600, Uid: 5, Gid: 6, Excl: true},
+			false, []bool{true, true}},
+		{"nothing stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh}, false, nil},
+		{"shorter than a chunk", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:cs-1]}, false, nil},
+		{"append", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored, Append: true}, false, nil},
+		{"already by hash", &pb.WriteCmd{Loc: ft.Path("/g"), Hashes: [][]byte{make([]byte, 32)}, Length: cs}, false, nil},
+		{"disabled", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, true, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &Node{fsm: f, cfg: Config{DisableWireDedup: tc.disable}}
+			cmd := &pb.Command{Session: 3, Seq: 4, Ack: 2, Op: &pb.Command_Write{Write: tc.w}}
+			orig := proto.Clone(cmd)
+			slim, saved := n.slimWrite(cmd)
+			require.True(t, proto.Equal(orig, cmd), "the original must stay intact for a resend")
+			if tc.hashed == nil {
+				require.Nil(t, slim)
+				return
+			}
+			sw := slim.GetWrite()
+			require.Len(t, sw.Hashes, len(tc.hashed))
+			var want uint64
+			for i, h := range tc.hashed {
+				require.Equal(t, h, len(sw.Hashes[i]) > 0, "piece %d", i)
+				if h {
+					want += cs
+				}
+			}
+			require.Equal(t, want, saved)
+			require.Equal(t, uint64(len(tc.w.Data)), sw.Length)
+			require.Equal(t, uint64(len(tc.w.Data))-saved, uint64(len(sw.Data)))
+			// Everything but data, hashes and length is the original's.
+			sw.Data, sw.Hashes, sw.Length = tc.w.Data, nil, 0
+			require.True(t, proto.Equal(orig, slim), "slim command differs beyond data and hashes")
+		})
 	}
 }

@@ -179,3 +179,47 @@ func benchMkdirs(b *testing.B, store string, procs int) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
+
+// BenchmarkCloneTree10k times one recursive clone of a tree of 10,000 4 KiB
+// files through the leader (one Apply: commit on a majority, applied on
+// the leader), on the default fsynced log store:
+//
+//	go test ./server/ -run '^$' -bench CloneTree10k -benchtime 5x
+func BenchmarkCloneTree10k(b *testing.B) {
+	_, cli := benchCluster(b, LogStoreBolt)
+	s := openSession(b, cli)
+	s.mkdir("/src")
+	sessions := make([]*session, 32)
+	for i := range sessions {
+		sessions[i] = openSession(b, cli)
+	}
+	var wg sync.WaitGroup
+	for w, ws := range sessions {
+		wg.Go(func() {
+			for d := w; d < 100; d += len(sessions) {
+				dir := fmt.Sprintf("/src/d%d", d)
+				ws.mkdir(dir)
+				for f := range 100 {
+					data := pattern(4096, byte(f))
+					stamp(data, uint64(d*100+f))
+					res := ws.apply(&pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
+						Loc: &pb.Loc{Path: fmt.Sprintf("%s/f%d", dir, f)}, Data: data, Create: true, Mode: 0o644}}})
+					if res.Errno != 0 {
+						b.Error(res.Message)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ResetTimer()
+	for i := range b.N {
+		res := s.apply(&pb.Command{Op: &pb.Command_Clone{Clone: &pb.CloneCmd{
+			Src: &pb.Loc{Path: "/src"}, Dst: &pb.Loc{Path: fmt.Sprintf("/dst%d", i)}, Recursive: true}}})
+		if res.Errno != 0 {
+			b.Fatal(res.Message)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/clone")
+}
