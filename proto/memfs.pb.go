@@ -3224,6 +3224,24 @@ type NodeStatus struct {
 	NetSentBytes     uint64 `protobuf:"varint,14,opt,name=net_sent_bytes,json=netSentBytes,proto3" json:"net_sent_bytes,omitempty"` // bytes its Raft transport sent to other nodes
 	NetReceivedBytes uint64 `protobuf:"varint,15,opt,name=net_received_bytes,json=netReceivedBytes,proto3" json:"net_received_bytes,omitempty"`
 	WireDedupBytes   uint64 `protobuf:"varint,16,opt,name=wire_dedup_bytes,json=wireDedupBytes,proto3" json:"wire_dedup_bytes,omitempty"` // write bytes it sent by hash as leader
+	// Block sync (issue 8): the blocks this node's last restore needed from
+	// elsewhere, how many it has fetched from peers so far, and the bytes;
+	// restoring is true while a restore runs.
+	SyncBlocksWanted  uint64 `protobuf:"varint,17,opt,name=sync_blocks_wanted,json=syncBlocksWanted,proto3" json:"sync_blocks_wanted,omitempty"`
+	SyncBlocksFetched uint64 `protobuf:"varint,18,opt,name=sync_blocks_fetched,json=syncBlocksFetched,proto3" json:"sync_blocks_fetched,omitempty"`
+	SyncBytesWanted   uint64 `protobuf:"varint,19,opt,name=sync_bytes_wanted,json=syncBytesWanted,proto3" json:"sync_bytes_wanted,omitempty"`
+	SyncBytesFetched  uint64 `protobuf:"varint,20,opt,name=sync_bytes_fetched,json=syncBytesFetched,proto3" json:"sync_bytes_fetched,omitempty"`
+	Restoring         bool   `protobuf:"varint,21,opt,name=restoring,proto3" json:"restoring,omitempty"`
+	// Totals since the process started: blocks served to peers, bytes
+	// fetched from peers, blocks found corrupt (on disk or in transit).
+	SyncBytesServed       uint64 `protobuf:"varint,22,opt,name=sync_bytes_served,json=syncBytesServed,proto3" json:"sync_bytes_served,omitempty"`
+	SyncBytesFetchedTotal uint64 `protobuf:"varint,23,opt,name=sync_bytes_fetched_total,json=syncBytesFetchedTotal,proto3" json:"sync_bytes_fetched_total,omitempty"`
+	SyncCorruptBlocks     uint64 `protobuf:"varint,24,opt,name=sync_corrupt_blocks,json=syncCorruptBlocks,proto3" json:"sync_corrupt_blocks,omitempty"`
+	// The persistent block directory: blocks and bytes on disk, and the
+	// bytes the snapshots of this process wrote to it.
+	DiskBlocks       uint64 `protobuf:"varint,25,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
+	DiskBytes        uint64 `protobuf:"varint,26,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskBytesWritten uint64 `protobuf:"varint,27,opt,name=disk_bytes_written,json=diskBytesWritten,proto3" json:"disk_bytes_written,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -3366,6 +3384,83 @@ func (x *NodeStatus) GetNetReceivedBytes() uint64 {
 func (x *NodeStatus) GetWireDedupBytes() uint64 {
 	if x != nil {
 		return x.WireDedupBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBlocksWanted() uint64 {
+	if x != nil {
+		return x.SyncBlocksWanted
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBlocksFetched() uint64 {
+	if x != nil {
+		return x.SyncBlocksFetched
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBytesWanted() uint64 {
+	if x != nil {
+		return x.SyncBytesWanted
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBytesFetched() uint64 {
+	if x != nil {
+		return x.SyncBytesFetched
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetRestoring() bool {
+	if x != nil {
+		return x.Restoring
+	}
+	return false
+}
+
+func (x *NodeStatus) GetSyncBytesServed() uint64 {
+	if x != nil {
+		return x.SyncBytesServed
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBytesFetchedTotal() uint64 {
+	if x != nil {
+		return x.SyncBytesFetchedTotal
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncCorruptBlocks() uint64 {
+	if x != nil {
+		return x.SyncCorruptBlocks
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetDiskBlocks() uint64 {
+	if x != nil {
+		return x.DiskBlocks
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetDiskBytesWritten() uint64 {
+	if x != nil {
+		return x.DiskBytesWritten
 	}
 	return 0
 }
@@ -3762,6 +3857,236 @@ func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
+// Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
+// names at most MaxSyncHashes of them.
+type MissingBlocksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Hashes        [][]byte               `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MissingBlocksRequest) Reset() {
+	*x = MissingBlocksRequest{}
+	mi := &file_memfs_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MissingBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MissingBlocksRequest) ProtoMessage() {}
+
+func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
+func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *MissingBlocksRequest) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *MissingBlocksRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+// missing holds the positions (in the request) of the hashes the node lacks.
+type MissingBlocksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Missing       []uint32               `protobuf:"varint,1,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MissingBlocksResponse) Reset() {
+	*x = MissingBlocksResponse{}
+	mi := &file_memfs_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MissingBlocksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MissingBlocksResponse) ProtoMessage() {}
+
+func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
+func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *MissingBlocksResponse) GetMissing() []uint32 {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+type FetchBlocksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Hashes        [][]byte               `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchBlocksRequest) Reset() {
+	*x = FetchBlocksRequest{}
+	mi := &file_memfs_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchBlocksRequest) ProtoMessage() {}
+
+func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
+func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *FetchBlocksRequest) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FetchBlocksRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+// BlockFrame carries a block, or a piece of one larger than MaxMessageData
+// (offset > 0 for the later pieces; size is the whole block's length). A
+// block the node does not hold comes as one frame with absent set.
+type BlockFrame struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Hash          []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Absent        bool                   `protobuf:"varint,5,opt,name=absent,proto3" json:"absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockFrame) Reset() {
+	*x = BlockFrame{}
+	mi := &file_memfs_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockFrame) ProtoMessage() {}
+
+func (x *BlockFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
+func (*BlockFrame) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *BlockFrame) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *BlockFrame) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *BlockFrame) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *BlockFrame) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *BlockFrame) GetAbsent() bool {
+	if x != nil {
+		return x.Absent
+	}
+	return false
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -3771,7 +4096,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3783,7 +4108,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3796,7 +4121,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -3819,7 +4144,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +4156,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +4169,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4097,7 +4422,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\x8e\x04\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xe7\a\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -4116,7 +4441,20 @@ const file_memfs_proto_rawDesc = "" +
 	"\tlog_bytes\x18\r \x01(\x04R\blogBytes\x12$\n" +
 	"\x0enet_sent_bytes\x18\x0e \x01(\x04R\fnetSentBytes\x12,\n" +
 	"\x12net_received_bytes\x18\x0f \x01(\x04R\x10netReceivedBytes\x12(\n" +
-	"\x10wire_dedup_bytes\x18\x10 \x01(\x04R\x0ewireDedupBytes\"?\n" +
+	"\x10wire_dedup_bytes\x18\x10 \x01(\x04R\x0ewireDedupBytes\x12,\n" +
+	"\x12sync_blocks_wanted\x18\x11 \x01(\x04R\x10syncBlocksWanted\x12.\n" +
+	"\x13sync_blocks_fetched\x18\x12 \x01(\x04R\x11syncBlocksFetched\x12*\n" +
+	"\x11sync_bytes_wanted\x18\x13 \x01(\x04R\x0fsyncBytesWanted\x12,\n" +
+	"\x12sync_bytes_fetched\x18\x14 \x01(\x04R\x10syncBytesFetched\x12\x1c\n" +
+	"\trestoring\x18\x15 \x01(\bR\trestoring\x12*\n" +
+	"\x11sync_bytes_served\x18\x16 \x01(\x04R\x0fsyncBytesServed\x127\n" +
+	"\x18sync_bytes_fetched_total\x18\x17 \x01(\x04R\x15syncBytesFetchedTotal\x12.\n" +
+	"\x13sync_corrupt_blocks\x18\x18 \x01(\x04R\x11syncCorruptBlocks\x12\x1f\n" +
+	"\vdisk_blocks\x18\x19 \x01(\x04R\n" +
+	"diskBlocks\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x1a \x01(\x04R\tdiskBytes\x12,\n" +
+	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\"?\n" +
 	"\rStatusRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"\xc9\x03\n" +
@@ -4147,7 +4485,22 @@ const file_memfs_proto_rawDesc = "" +
 	"\x11RemoveNodeRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"\x14\n" +
-	"\x12RemoveNodeResponse\"(\n" +
+	"\x12RemoveNodeResponse\"H\n" +
+	"\x14MissingBlocksRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\fR\x06hashes\"1\n" +
+	"\x15MissingBlocksResponse\x12\x18\n" +
+	"\amissing\x18\x01 \x03(\rR\amissing\"F\n" +
+	"\x12FetchBlocksRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\fR\x06hashes\"x\n" +
+	"\n" +
+	"BlockFrame\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\fR\x04hash\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
+	"\x06absent\x18\x05 \x01(\bR\x06absent\"(\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\"f\n" +
 	"\n" +
@@ -4168,7 +4521,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\rSET_MTIME_NOW\x10\x80\x01**\n" +
 	"\vConsistency\x12\x10\n" +
 	"\fLINEARIZABLE\x10\x00\x12\t\n" +
-	"\x05STALE\x10\x012\xe2\x03\n" +
+	"\x05STALE\x10\x012\xf9\x04\n" +
 	"\x05MemFS\x128\n" +
 	"\x05Apply\x12\x16.memfs.v1.ApplyRequest\x1a\x17.memfs.v1.ApplyResponse\x128\n" +
 	"\x05Query\x12\x16.memfs.v1.QueryRequest\x1a\x17.memfs.v1.QueryResponse\x128\n" +
@@ -4177,7 +4530,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06Status\x12\x17.memfs.v1.StatusRequest\x1a\x18.memfs.v1.StatusResponse\x125\n" +
 	"\x04Join\x12\x15.memfs.v1.JoinRequest\x1a\x16.memfs.v1.JoinResponse\x12G\n" +
 	"\n" +
-	"RemoveNode\x12\x1b.memfs.v1.RemoveNodeRequest\x1a\x1c.memfs.v1.RemoveNodeResponse\x127\n" +
+	"RemoveNode\x12\x1b.memfs.v1.RemoveNodeRequest\x1a\x1c.memfs.v1.RemoveNodeResponse\x12P\n" +
+	"\rMissingBlocks\x12\x1e.memfs.v1.MissingBlocksRequest\x1a\x1f.memfs.v1.MissingBlocksResponse\x12C\n" +
+	"\vFetchBlocks\x12\x1c.memfs.v1.FetchBlocksRequest\x1a\x14.memfs.v1.BlockFrame0\x01\x127\n" +
 	"\x05Watch\x12\x16.memfs.v1.WatchRequest\x1a\x14.memfs.v1.WatchEvent0\x01B)Z'github.com/memoryfs/memfs/proto;memfspbb\x06proto3"
 
 var (
@@ -4193,59 +4548,63 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_memfs_proto_goTypes = []any{
-	(SetAttrBit)(0),            // 0: memfs.v1.SetAttrBit
-	(Consistency)(0),           // 1: memfs.v1.Consistency
-	(*Attr)(nil),               // 2: memfs.v1.Attr
-	(*Loc)(nil),                // 3: memfs.v1.Loc
-	(*Dirent)(nil),             // 4: memfs.v1.Dirent
-	(*Statfs)(nil),             // 5: memfs.v1.Statfs
-	(*OpenCmd)(nil),            // 6: memfs.v1.OpenCmd
-	(*CloseCmd)(nil),           // 7: memfs.v1.CloseCmd
-	(*WriteCmd)(nil),           // 8: memfs.v1.WriteCmd
-	(*MkdirCmd)(nil),           // 9: memfs.v1.MkdirCmd
-	(*RemoveCmd)(nil),          // 10: memfs.v1.RemoveCmd
-	(*RenameCmd)(nil),          // 11: memfs.v1.RenameCmd
-	(*SetAttrCmd)(nil),         // 12: memfs.v1.SetAttrCmd
-	(*SymlinkCmd)(nil),         // 13: memfs.v1.SymlinkCmd
-	(*LinkCmd)(nil),            // 14: memfs.v1.LinkCmd
-	(*SetXattrCmd)(nil),        // 15: memfs.v1.SetXattrCmd
-	(*RemoveXattrCmd)(nil),     // 16: memfs.v1.RemoveXattrCmd
-	(*CloneCmd)(nil),           // 17: memfs.v1.CloneCmd
-	(*OpenSessionCmd)(nil),     // 18: memfs.v1.OpenSessionCmd
-	(*KeepAliveCmd)(nil),       // 19: memfs.v1.KeepAliveCmd
-	(*CloseSessionCmd)(nil),    // 20: memfs.v1.CloseSessionCmd
-	(*TickCmd)(nil),            // 21: memfs.v1.TickCmd
-	(*Command)(nil),            // 22: memfs.v1.Command
-	(*Entry)(nil),              // 23: memfs.v1.Entry
-	(*Result)(nil),             // 24: memfs.v1.Result
-	(*StatQuery)(nil),          // 25: memfs.v1.StatQuery
-	(*ReadQuery)(nil),          // 26: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),       // 27: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),      // 28: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),      // 29: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),     // 30: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),        // 31: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),        // 32: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),         // 33: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),          // 34: memfs.v1.TreeUsage
-	(*Query)(nil),              // 35: memfs.v1.Query
-	(*ApplyRequest)(nil),       // 36: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),      // 37: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),       // 38: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),      // 39: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),         // 40: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),          // 41: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),         // 42: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),      // 43: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),     // 44: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),        // 45: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),       // 46: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),  // 47: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil), // 48: memfs.v1.RemoveNodeResponse
-	(*WatchRequest)(nil),       // 49: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),         // 50: memfs.v1.WatchEvent
+	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
+	(Consistency)(0),              // 1: memfs.v1.Consistency
+	(*Attr)(nil),                  // 2: memfs.v1.Attr
+	(*Loc)(nil),                   // 3: memfs.v1.Loc
+	(*Dirent)(nil),                // 4: memfs.v1.Dirent
+	(*Statfs)(nil),                // 5: memfs.v1.Statfs
+	(*OpenCmd)(nil),               // 6: memfs.v1.OpenCmd
+	(*CloseCmd)(nil),              // 7: memfs.v1.CloseCmd
+	(*WriteCmd)(nil),              // 8: memfs.v1.WriteCmd
+	(*MkdirCmd)(nil),              // 9: memfs.v1.MkdirCmd
+	(*RemoveCmd)(nil),             // 10: memfs.v1.RemoveCmd
+	(*RenameCmd)(nil),             // 11: memfs.v1.RenameCmd
+	(*SetAttrCmd)(nil),            // 12: memfs.v1.SetAttrCmd
+	(*SymlinkCmd)(nil),            // 13: memfs.v1.SymlinkCmd
+	(*LinkCmd)(nil),               // 14: memfs.v1.LinkCmd
+	(*SetXattrCmd)(nil),           // 15: memfs.v1.SetXattrCmd
+	(*RemoveXattrCmd)(nil),        // 16: memfs.v1.RemoveXattrCmd
+	(*CloneCmd)(nil),              // 17: memfs.v1.CloneCmd
+	(*OpenSessionCmd)(nil),        // 18: memfs.v1.OpenSessionCmd
+	(*KeepAliveCmd)(nil),          // 19: memfs.v1.KeepAliveCmd
+	(*CloseSessionCmd)(nil),       // 20: memfs.v1.CloseSessionCmd
+	(*TickCmd)(nil),               // 21: memfs.v1.TickCmd
+	(*Command)(nil),               // 22: memfs.v1.Command
+	(*Entry)(nil),                 // 23: memfs.v1.Entry
+	(*Result)(nil),                // 24: memfs.v1.Result
+	(*StatQuery)(nil),             // 25: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 26: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 27: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 28: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 29: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 30: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 31: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 32: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 33: memfs.v1.UsageQuery
+	(*TreeUsage)(nil),             // 34: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 35: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 36: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 37: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 38: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 39: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 40: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 41: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 42: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 43: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 44: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 45: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 46: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 47: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 48: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 49: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 50: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 51: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 52: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 53: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 54: memfs.v1.WatchEvent
 }
 var file_memfs_proto_depIdxs = []int32{
 	3,  // 0: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
@@ -4316,17 +4675,21 @@ var file_memfs_proto_depIdxs = []int32{
 	43, // 65: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
 	45, // 66: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
 	47, // 67: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	49, // 68: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	37, // 69: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	39, // 70: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	37, // 71: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	41, // 72: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	44, // 73: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	46, // 74: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	48, // 75: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	50, // 76: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	69, // [69:77] is the sub-list for method output_type
-	61, // [61:69] is the sub-list for method input_type
+	49, // 68: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	51, // 69: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	53, // 70: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	37, // 71: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	39, // 72: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	37, // 73: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	41, // 74: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	44, // 75: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	46, // 76: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	48, // 77: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	50, // 78: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	52, // 79: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	54, // 80: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	71, // [71:81] is the sub-list for method output_type
+	61, // [61:71] is the sub-list for method input_type
 	61, // [61:61] is the sub-list for extension type_name
 	61, // [61:61] is the sub-list for extension extendee
 	0,  // [0:61] is the sub-list for field type_name
@@ -4372,7 +4735,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   49,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,14 +27,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	MemFS_Apply_FullMethodName      = "/memfs.v1.MemFS/Apply"
-	MemFS_Query_FullMethodName      = "/memfs.v1.MemFS/Query"
-	MemFS_Write_FullMethodName      = "/memfs.v1.MemFS/Write"
-	MemFS_Read_FullMethodName       = "/memfs.v1.MemFS/Read"
-	MemFS_Status_FullMethodName     = "/memfs.v1.MemFS/Status"
-	MemFS_Join_FullMethodName       = "/memfs.v1.MemFS/Join"
-	MemFS_RemoveNode_FullMethodName = "/memfs.v1.MemFS/RemoveNode"
-	MemFS_Watch_FullMethodName      = "/memfs.v1.MemFS/Watch"
+	MemFS_Apply_FullMethodName         = "/memfs.v1.MemFS/Apply"
+	MemFS_Query_FullMethodName         = "/memfs.v1.MemFS/Query"
+	MemFS_Write_FullMethodName         = "/memfs.v1.MemFS/Write"
+	MemFS_Read_FullMethodName          = "/memfs.v1.MemFS/Read"
+	MemFS_Status_FullMethodName        = "/memfs.v1.MemFS/Status"
+	MemFS_Join_FullMethodName          = "/memfs.v1.MemFS/Join"
+	MemFS_RemoveNode_FullMethodName    = "/memfs.v1.MemFS/RemoveNode"
+	MemFS_MissingBlocks_FullMethodName = "/memfs.v1.MemFS/MissingBlocks"
+	MemFS_FetchBlocks_FullMethodName   = "/memfs.v1.MemFS/FetchBlocks"
+	MemFS_Watch_FullMethodName         = "/memfs.v1.MemFS/Watch"
 )
 
 // MemFSClient is the client API for MemFS service.
@@ -54,6 +56,11 @@ type MemFSClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error)
+	// MissingBlocks tells which of the named blocks this node lacks.
+	MissingBlocks(ctx context.Context, in *MissingBlocksRequest, opts ...grpc.CallOption) (*MissingBlocksResponse, error)
+	// FetchBlocks streams the named blocks, in request order, from this
+	// node's memory or its block directory.
+	FetchBlocks(ctx context.Context, in *FetchBlocksRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BlockFrame], error)
 	// Watch streams change events as this node applies them.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 }
@@ -148,9 +155,38 @@ func (c *memFSClient) RemoveNode(ctx context.Context, in *RemoveNodeRequest, opt
 	return out, nil
 }
 
+func (c *memFSClient) MissingBlocks(ctx context.Context, in *MissingBlocksRequest, opts ...grpc.CallOption) (*MissingBlocksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MissingBlocksResponse)
+	err := c.cc.Invoke(ctx, MemFS_MissingBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *memFSClient) FetchBlocks(ctx context.Context, in *FetchBlocksRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BlockFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &MemFS_ServiceDesc.Streams[2], MemFS_FetchBlocks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchBlocksRequest, BlockFrame]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MemFS_FetchBlocksClient = grpc.ServerStreamingClient[BlockFrame]
+
 func (c *memFSClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &MemFS_ServiceDesc.Streams[2], MemFS_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &MemFS_ServiceDesc.Streams[3], MemFS_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -184,6 +220,11 @@ type MemFSServer interface {
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error)
+	// MissingBlocks tells which of the named blocks this node lacks.
+	MissingBlocks(context.Context, *MissingBlocksRequest) (*MissingBlocksResponse, error)
+	// FetchBlocks streams the named blocks, in request order, from this
+	// node's memory or its block directory.
+	FetchBlocks(*FetchBlocksRequest, grpc.ServerStreamingServer[BlockFrame]) error
 	// Watch streams change events as this node applies them.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	mustEmbedUnimplementedMemFSServer()
@@ -216,6 +257,12 @@ func (UnimplementedMemFSServer) Join(context.Context, *JoinRequest) (*JoinRespon
 }
 func (UnimplementedMemFSServer) RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveNode not implemented")
+}
+func (UnimplementedMemFSServer) MissingBlocks(context.Context, *MissingBlocksRequest) (*MissingBlocksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MissingBlocks not implemented")
+}
+func (UnimplementedMemFSServer) FetchBlocks(*FetchBlocksRequest, grpc.ServerStreamingServer[BlockFrame]) error {
+	return status.Error(codes.Unimplemented, "method FetchBlocks not implemented")
 }
 func (UnimplementedMemFSServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -349,6 +396,35 @@ func _MemFS_RemoveNode_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MemFS_MissingBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MissingBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MemFSServer).MissingBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MemFS_MissingBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MemFSServer).MissingBlocks(ctx, req.(*MissingBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MemFS_FetchBlocks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchBlocksRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MemFSServer).FetchBlocks(m, &grpc.GenericServerStream[FetchBlocksRequest, BlockFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MemFS_FetchBlocksServer = grpc.ServerStreamingServer[BlockFrame]
+
 func _MemFS_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -387,6 +463,10 @@ var MemFS_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "RemoveNode",
 			Handler:    _MemFS_RemoveNode_Handler,
 		},
+		{
+			MethodName: "MissingBlocks",
+			Handler:    _MemFS_MissingBlocks_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -397,6 +477,11 @@ var MemFS_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Read",
 			Handler:       _MemFS_Read_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchBlocks",
+			Handler:       _MemFS_FetchBlocks_Handler,
 			ServerStreams: true,
 		},
 		{

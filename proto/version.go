@@ -12,3 +12,7 @@ const MaxMessageData = 1 << 20
 // LeaderTrailer is the gRPC trailer key in which a follower names the
 // leader's API address when it cannot serve a request itself.
 const LeaderTrailer = "memfs-leader"
+
+// MaxSyncHashes is the most block hashes one MissingBlocks or FetchBlocks
+// request may name.
+const MaxSyncHashes = 4096
