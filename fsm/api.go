@@ -64,6 +64,9 @@ type Applier interface {
 	StoredChunk(p []byte) (hash []byte, stored bool)
 	Snapshot() Snapshot
 	Restore(r io.Reader) error
+	RestoreFrom(ctx context.Context, r io.Reader, src BlockSource) error
+	// Block returns the bytes of a stored block (immutable), or nil.
+	Block(h block.Hash) []byte
 }
 
 // Snapshot is a captured, immutable state; WriteTo may run concurrently
@@ -71,4 +74,5 @@ type Applier interface {
 type Snapshot interface {
 	Index() uint64
 	WriteTo(w io.Writer) (int64, error)
+	WriteExternal(w io.Writer, sink BlockSink) (int64, error)
 }

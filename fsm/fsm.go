@@ -174,6 +174,15 @@ func (f *FSM) StoredChunk(p []byte) (hash []byte, stored bool) {
 	return h[:], f.cur.Load().blocks.Has(h)
 }
 
+// Block returns the bytes of the stored block h (immutable: callers must
+// not modify them), or nil.
+func (f *FSM) Block(h block.Hash) []byte {
+	if b := f.cur.Load().blocks.Get(h); b != nil {
+		return b.Data()
+	}
+	return nil
+}
+
 // Stats returns totals.
 func (f *FSM) Stats() Stats {
 	s := f.cur.Load()

@@ -3,6 +3,7 @@ package fsm
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -19,14 +20,11 @@ import (
 // and verified in full (every block re-hashed, every reference checked,
 // link and reference counts recomputed) before it is swapped in; on any
 // error the old state stays and the error says what was wrong. The
-// snapshot's chunk size replaces the configured one.
+// snapshot's chunk size replaces the configured one. A snapshot that names
+// blocks by hash restores only if the current state holds them all; see
+// RestoreFrom.
 func (f *FSM) Restore(r io.Reader) error {
-	s, err := readSnapshot(r, f.cfg.MemoryLimit)
-	if err != nil {
-		return fmt.Errorf("fsm: restore: %w", err)
-	}
-	f.publish(s)
-	return nil
+	return f.RestoreFrom(context.Background(), r, nil)
 }
 
 // badSnap reports a malformed snapshot.
@@ -69,38 +67,66 @@ func (sr *snapReader) uvarint() (uint64, error) {
 // restorer builds a fresh state from records.
 type restorer struct {
 	s       *state
+	version uint64
 	records uint64
 	last    byte   // kind of the previous record
 	lastKey []byte // its key: keys of one kind must rise strictly
+
+	old     *block.Store       // the state being replaced: blocks to share
+	wanted  map[block.Hash]int // index into wants
+	wants   []BlockWant
+	pending []pendingChunk
 }
 
-func readSnapshot(r io.Reader, limit uint64) (*state, error) {
-	sr := &snapReader{r: bufio.NewReaderSize(r, 1<<20)}
+func bufioReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 1<<20) }
+
+// readMagic checks the stream's magic and returns its version.
+func readMagic(sr *snapReader) (uint64, error) {
 	magic := make([]byte, len(snapMagic))
 	if err := sr.full(magic); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if string(magic) != snapMagic {
-		return nil, badSnap("bad magic %q", magic)
+		return 0, badSnap("bad magic %q", magic)
 	}
 	v, err := sr.uvarint()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	if v != snapVersion {
-		return nil, badSnap("version %d, this build reads %d", v, snapVersion)
+	if v != snapVersion && v != snapVersionExtern {
+		return 0, badSnap("version %d, this build reads %d and %d", v, snapVersion, snapVersionExtern)
 	}
-	rs := &restorer{}
-	if err := rs.readRecords(sr, limit); err != nil {
-		return nil, err
-	}
+	return v, nil
+}
+
+// checkSum reads the trailing checksum and compares it with the bytes read.
+func (sr *snapReader) checkSum() error {
 	want := sr.crc
 	var c [4]byte
 	if err := sr.full(c[:]); err != nil {
-		return nil, err
+		return err
 	}
 	if got := binary.LittleEndian.Uint32(c[:]); got != want {
-		return nil, badSnap("checksum %08x, computed %08x", got, want)
+		return badSnap("checksum %08x, computed %08x", got, want)
+	}
+	return nil
+}
+
+func readSnapshot(ctx context.Context, r io.Reader, limit uint64, old *block.Store, src BlockSource) (*state, error) {
+	sr := &snapReader{r: bufioReader(r)}
+	v, err := readMagic(sr)
+	if err != nil {
+		return nil, err
+	}
+	rs := &restorer{version: v, old: old}
+	if err := rs.readRecords(sr, limit); err != nil {
+		return nil, err
+	}
+	if err := sr.checkSum(); err != nil {
+		return nil, err
+	}
+	if err := rs.fetchPending(ctx, src); err != nil {
+		return nil, err
 	}
 	rs.s.commit()
 	if err := verify(rs.s); err != nil {
@@ -164,8 +190,10 @@ func (rs *restorer) end(p []byte) error {
 // order is the record kinds in the order they must come.
 const order = "HSFLUIDB"
 
+func isChunk(kind byte) bool { return kind == recBlock || kind == recRef || kind == recExtern }
+
 func rank(kind byte) int {
-	if kind == recRef {
+	if isChunk(kind) {
 		kind = recBlock
 	}
 	for i := range len(order) {
@@ -186,7 +214,7 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 	case r < rank(rs.last):
 		return badSnap("record %q after %q", kind, rs.last)
 	}
-	if kind != rs.last && !(kind == recRef && rs.last == recBlock) && !(kind == recBlock && rs.last == recRef) {
+	if kind != rs.last && !(isChunk(kind) && isChunk(rs.last)) {
 		rs.lastKey = rs.lastKey[:0]
 	}
 	rs.last = kind
@@ -206,6 +234,8 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 		return rs.inode(d)
 	case recDirent:
 		return rs.dirent(d)
+	case recExtern:
+		return rs.externChunk(d)
 	}
 	return rs.chunk(kind, d)
 }

@@ -9,8 +9,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Snapshot stream format (version 1). Everything is written in tree key
-// order, so the same state always gives the same bytes.
+// Snapshot stream format (versions 1 and 2). Everything is written in tree
+// key order, so the same state always gives the same bytes. Version 1
+// carries block bytes inline ('B', 'R'); version 2 (WriteExternal) carries
+// only each chunk's hash and length ('K') and hands the bytes to a
+// BlockSink, so a snapshot of a large state is small and blocks already
+// persisted are not written again.
 //
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
@@ -19,6 +23,8 @@ import (
 //	  'I' inode, 'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
 //	  'R' chunk naming a block already written, by hash
+//	  'K' chunk naming a block kept outside the stream: hash and length
+//	      (version 2 only; every chunk of a version 2 stream is a 'K')
 //	  'E' end: the number of records before it
 //	CRC-32C (Castagnoli) of all bytes before it, 4 bytes little-endian
 //
@@ -26,8 +32,9 @@ import (
 // strings a uvarint length and the bytes; recorded results are protobuf
 // (deterministic marshalling).
 const (
-	snapMagic   = "MEMFSNAP"
-	snapVersion = 1
+	snapMagic         = "MEMFSNAP"
+	snapVersion       = 1 // block bytes inline
+	snapVersionExtern = 2 // blocks by hash only
 
 	recHeader  = 'H'
 	recSession = 'S'
@@ -38,6 +45,7 @@ const (
 	recDirent  = 'D'
 	recBlock   = 'B'
 	recRef     = 'R'
+	recExtern  = 'K'
 	recEnd     = 'E'
 
 	maxRecord = 4 << 20 // any record but a block's
@@ -58,10 +66,25 @@ func (sn *snapshot) Index() uint64 { return sn.s.index }
 // WriteTo streams the snapshot. Each unique block's bytes are written
 // once, at its first reference.
 func (sn *snapshot) WriteTo(w io.Writer) (int64, error) {
+	return sn.write(w, nil)
+}
+
+// WriteExternal streams the snapshot with every chunk by hash and length,
+// and hands each unique block to sink once (a sink that already holds a
+// block skips it: that is what makes snapshots incremental).
+func (sn *snapshot) WriteExternal(w io.Writer, sink BlockSink) (int64, error) {
+	return sn.write(w, sink)
+}
+
+func (sn *snapshot) write(w io.Writer, sink BlockSink) (int64, error) {
 	sw := &snapWriter{w: w, buf: make([]byte, 0, 1<<20)}
 	sw.raw([]byte(snapMagic))
-	sw.raw(binary.AppendUvarint(nil, snapVersion))
-	sn.records(sw)
+	version := uint64(snapVersion)
+	if sink != nil {
+		version = snapVersionExtern
+	}
+	sw.raw(binary.AppendUvarint(nil, version))
+	sn.records(sw, sink)
 	sw.record(recEnd, binary.AppendUvarint(nil, sw.records), nil)
 	sw.flush()
 	if sw.err == nil {
@@ -72,7 +95,7 @@ func (sn *snapshot) WriteTo(w io.Writer) (int64, error) {
 	return sw.n, sw.err
 }
 
-func (sn *snapshot) records(sw *snapWriter) {
+func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	s := sn.s
 	var e enc
 	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
@@ -125,6 +148,10 @@ func (sn *snapshot) records(sw *snapWriter) {
 		h := b.Hash()
 		e.reset().u(be.Uint64(k)).u(be.Uint64(k[8:]))
 		e.b = append(e.b, h[:]...)
+		if sink != nil {
+			sw.extern(sink, written, e.u(uint64(b.Len())).b, b)
+			return sw.err != nil
+		}
 		if _, ok := written[h]; ok {
 			sw.record(recRef, e.b, nil)
 		} else {

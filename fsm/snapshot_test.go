@@ -117,7 +117,7 @@ func TestRestoreRefusesBadSnapshots(t *testing.T) {
 	}{
 		{"empty", nil, "truncated"},
 		{"bad magic", append([]byte("NOTASNAP"), good[8:]...), "bad magic"},
-		{"future version", append([]byte("MEMFSNAP\x02"), good[9:]...), "version 2"},
+		{"future version", append([]byte("MEMFSNAP\x03"), good[9:]...), "version 3"},
 		{"truncated", good[:len(good)/2], "truncated"},
 		{"no checksum", good[:len(good)-4], "truncated"},
 		{"flipped byte", func() []byte { b := bytes.Clone(good); b[len(b)/3] ^= 0x40; return b }(), ""},

@@ -89,6 +89,10 @@ type Config struct {
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning
 
+	// SyncPriority orders the blocks a restore fetches from peers
+	// (SmallFilesFirst when nil).
+	SyncPriority BlockPriority
+
 	// Clock stamps entries on the leader; time.Now when nil.
 	Clock func() time.Time
 	// TickInterval is how often a leader with open sessions appends a

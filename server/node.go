@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server/blockdir"
 )
 
 // Node is one running MemoryFS server.
@@ -41,6 +43,7 @@ type Node struct {
 	ready    *leaderReady
 	peers    *peers
 	watchers *watchers
+	sync     *blockSync
 	metrics  *metrics
 	traffic  traffic
 
@@ -89,12 +92,16 @@ func (n *Node) start(ctx context.Context) error {
 		return fmt.Errorf("register metrics: %w", err)
 	}
 	n.rfsm = newRaftFSM(f, n.log, n.metrics)
+	if err := n.openBlockSync(); err != nil {
+		return err
+	}
 	if err := n.listen(); err != nil {
 		return err
 	}
 	if n.stores, err = openStores(&n.cfg, n.hlog); err != nil {
 		return err
 	}
+	n.rfsm.snaps = n.stores.Snapshots
 	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes}
 	if err := n.openTransport(); err != nil {
 		return err
@@ -117,6 +124,25 @@ func (n *Node) start(ctx context.Context) error {
 	if !hasState && len(n.cfg.Join) > 0 {
 		return n.join(ctx)
 	}
+	return nil
+}
+
+// openBlockSync sets up block sync and, for a node with a data dir that
+// is not ephemeral, the block directory its snapshots keep blocks in.
+func (n *Node) openBlockSync() error {
+	prio := n.cfg.SyncPriority
+	if prio == nil {
+		prio = SmallFilesFirst
+	}
+	n.sync = &blockSync{id: n.cfg.ID, fsm: n.fsm, peers: n.peers, priority: prio, log: n.log}
+	if !n.cfg.Ephemeral && n.cfg.DataDir != "" {
+		dir, err := blockdir.Open(filepath.Join(n.cfg.DataDir, "blocks"))
+		if err != nil {
+			return err
+		}
+		n.sync.dir = dir
+	}
+	n.rfsm.sync, n.rfsm.ctx = n.sync, n.ctx
 	return nil
 }
 

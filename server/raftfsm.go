@@ -16,7 +16,9 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/memoryfs/memfs/fsm"
+	"github.com/memoryfs/memfs/fsm/block"
 	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server/blockdir"
 )
 
 // Log entry types: the first byte of every LogCommand this package writes.
@@ -76,6 +78,14 @@ type raftFSM struct {
 	fsm     fsm.Applier
 	log     *slog.Logger
 	metrics *metrics
+
+	// Snapshots name blocks by hash and keep them in sync.dir when the
+	// node has one (not ephemeral); snaps lists the snapshots whose
+	// blocks must stay. ctx bounds restores.
+	sync  *blockSync
+	snaps raft.SnapshotStore
+	ctx   context.Context
+	gcMu  sync.Mutex
 
 	mu      sync.Mutex
 	members map[string]string // node id -> API address; guarded by mu
@@ -195,10 +205,14 @@ func (r *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 	return &fsmSnapshot{
 		header: snapshotHeader{Applied: r.applied.Load(), Members: r.memberMap()},
 		snap:   snap,
+		r:      r,
 	}, nil
 }
 
-// Restore replaces the state with a snapshot's.
+// Restore replaces the state with a snapshot's. Blocks the snapshot names
+// by hash come from memory, the block directory or the peers the
+// snapshot's member map names; afterwards every block of the new state is
+// on this node's disk, so the snapshot Raft just stored is self-contained.
 func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	br := bufio.NewReaderSize(rc, 1<<20)
@@ -206,8 +220,19 @@ func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
-	if err := r.fsm.Restore(br); err != nil {
+	var src fsm.BlockSource
+	if r.sync != nil {
+		src = r.sync.source(h.Members)
+	}
+	ctx := r.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := r.fsm.RestoreFrom(ctx, br, src); err != nil {
 		return fmt.Errorf("restore state machine: %w", err)
+	}
+	if err := r.persistBlocks(); err != nil {
+		return fmt.Errorf("restore: keep blocks on disk: %w", err)
 	}
 	r.mu.Lock()
 	r.members = h.Members
@@ -277,13 +302,26 @@ func readSnapshotHeader(r io.Reader) (snapshotHeader, error) {
 type fsmSnapshot struct {
 	header snapshotHeader
 	snap   fsm.Snapshot
+	r      *raftFSM
 }
 
 // Persist streams the header and the state machine's snapshot to sink.
+// With a block directory the stream names blocks by hash and only blocks
+// not yet on disk are written (then synced, before the snapshot itself
+// is closed); without one the blocks go inline.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	dir := s.r.blockDir()
+	if dir != nil {
+		defer dir.Hold()()
+	}
 	w := bufio.NewWriterSize(sink, 1<<20)
 	err := writeSnapshotHeader(w, s.header)
-	if err == nil {
+	if err == nil && dir != nil {
+		_, err = s.snap.WriteExternal(w, dir)
+		if err == nil {
+			err = dir.Sync()
+		}
+	} else if err == nil {
 		_, err = s.snap.WriteTo(w)
 	}
 	if err == nil {
@@ -296,4 +334,80 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	return sink.Close()
 }
 
-func (s *fsmSnapshot) Release() {}
+// Release runs after Persist: Raft has reaped old snapshots by now, so
+// blocks only they named can go.
+func (s *fsmSnapshot) Release() {
+	if s.r.blockDir() != nil {
+		go s.r.collectBlocks()
+	}
+}
+
+func (r *raftFSM) blockDir() *blockdir.Dir {
+	if r.sync == nil {
+		return nil
+	}
+	return r.sync.dir
+}
+
+// persistBlocks writes every block of the current state that is not on
+// disk yet.
+func (r *raftFSM) persistBlocks() error {
+	dir := r.blockDir()
+	if dir == nil {
+		return nil
+	}
+	defer dir.Hold()()
+	if _, err := r.fsm.Snapshot().WriteExternal(io.Discard, dir); err != nil {
+		return err
+	}
+	return dir.Sync()
+}
+
+// collectBlocks removes the blocks no kept snapshot names. One runs at a
+// time; a snapshot that cannot be read stops it (keeping too much is
+// safe, removing too much is not).
+func (r *raftFSM) collectBlocks() {
+	if !r.gcMu.TryLock() {
+		return
+	}
+	defer r.gcMu.Unlock()
+	removed, err := r.blockDir().Retain(r.liveBlocks)
+	if err != nil {
+		r.log.Warn("block collection skipped", "err", err)
+		return
+	}
+	if removed > 0 {
+		r.log.Info("blocks no snapshot needs removed", "blocks", removed)
+	}
+}
+
+// liveBlocks is the set of blocks the kept snapshots name.
+func (r *raftFSM) liveBlocks() (func(block.Hash) bool, error) {
+	if r.snaps == nil {
+		return nil, errors.New("no snapshot store")
+	}
+	metas, err := r.snaps.List()
+	if err != nil {
+		return nil, err
+	}
+	live := map[block.Hash]struct{}{}
+	for _, m := range metas {
+		if err := r.scanSnapshot(m.ID, live); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", m.ID, err)
+		}
+	}
+	return func(h block.Hash) bool { _, ok := live[h]; return ok }, nil
+}
+
+func (r *raftFSM) scanSnapshot(id string, live map[block.Hash]struct{}) error {
+	_, rc, err := r.snaps.Open(id)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	br := bufio.NewReaderSize(rc, 1<<20)
+	if _, err := readSnapshotHeader(br); err != nil {
+		return err
+	}
+	return fsm.ScanBlocks(br, func(h block.Hash, _ uint64) { live[h] = struct{}{} })
+}

@@ -44,7 +44,7 @@ func (n *Node) status(ctx context.Context, local bool) *pb.StatusResponse {
 func (n *Node) selfStatus() *pb.NodeStatus {
 	voter, _ := n.suffrage(n.cfg.ID)
 	st, tr := n.fsm.Stats(), n.Traffic()
-	return &pb.NodeStatus{
+	ns := &pb.NodeStatus{
 		Id: n.cfg.ID, ApiAddr: n.apiAddr, RaftAddr: n.raftAddr,
 		State: n.raft.State().String(), AppliedIndex: n.AppliedIndex(), Voter: voter,
 		CommitIndex: n.raft.CommitIndex(), LastLogIndex: n.raft.LastIndex(),
@@ -52,6 +52,8 @@ func (n *Node) selfStatus() *pb.NodeStatus {
 		LogBytes: tr.LogBytes, NetSentBytes: tr.NetSent, NetReceivedBytes: tr.NetReceived,
 		WireDedupBytes: tr.DedupBytes,
 	}
+	n.sync.fillStatus(ns)
+	return ns
 }
 
 func (n *Node) memberStatuses(ctx context.Context, self *pb.NodeStatus) []*pb.NodeStatus {
@@ -101,5 +103,9 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.LogicalBytes, ns.PhysicalBytes, ns.SharedBytes = s.LogicalBytes, s.PhysicalBytes, s.SharedBytes
 		ns.LogBytes, ns.NetSentBytes, ns.NetReceivedBytes = s.LogBytes, s.NetSentBytes, s.NetReceivedBytes
 		ns.WireDedupBytes = s.WireDedupBytes
+		ns.SyncBlocksWanted, ns.SyncBlocksFetched = s.SyncBlocksWanted, s.SyncBlocksFetched
+		ns.SyncBytesWanted, ns.SyncBytesFetched, ns.Restoring = s.SyncBytesWanted, s.SyncBytesFetched, s.Restoring
+		ns.SyncBytesServed, ns.SyncBytesFetchedTotal, ns.SyncCorruptBlocks = s.SyncBytesServed, s.SyncBytesFetchedTotal, s.SyncCorruptBlocks
+		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
 	}
 }
