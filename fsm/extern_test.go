@@ -67,7 +67,7 @@ func externTree(t *testing.T) *ft.Harness {
 	h.Must(ft.Write("/a", 0, chunks(4, 1)))
 	h.Must(ft.Mkdir("/d", 0o755))
 	h.Must(h.Sess(ft.Create("/d/b")))
-	h.Must(ft.Write("/d/b", 0, chunks(2, 1)))       // shares two blocks with /a
+	h.Must(ft.Write("/d/b", 0, chunks(2, 1)))      // shares two blocks with /a
 	h.Must(ft.Write("/d/b", 10*cs, chunks(1, 40))) // a hole before it
 	h.Must(ft.Clone("/a", "/d/c", false))
 	return h

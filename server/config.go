@@ -24,6 +24,8 @@ const (
 	// MaxReadBytes is the most one Read stream returns; a longer read is
 	// cut short (eof false) and the client continues at the new offset.
 	MaxReadBytes = 64 << 20
+	// snapshotTimeoutScale: see openTransport.
+	snapshotTimeoutScale = 32 << 10
 	// maxRecvMsg bounds every incoming gRPC message: one data frame plus
 	// room for the command around it. Larger messages are refused by gRPC
 	// before they are buffered.

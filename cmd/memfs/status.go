@@ -87,6 +87,18 @@ type nodeReport struct {
 	NetSentBytes     uint64 `json:"net_sent_bytes"`
 	NetReceivedBytes uint64 `json:"net_received_bytes"`
 	WireDedupBytes   uint64 `json:"wire_dedup_bytes"`
+	// Block sync and the block directory (docs/snapshots.md).
+	Restoring             bool   `json:"restoring"`
+	SyncBlocksWanted      uint64 `json:"sync_blocks_wanted"`
+	SyncBlocksFetched     uint64 `json:"sync_blocks_fetched"`
+	SyncBytesWanted       uint64 `json:"sync_bytes_wanted"`
+	SyncBytesFetched      uint64 `json:"sync_bytes_fetched"`
+	SyncBytesServed       uint64 `json:"sync_bytes_served"`
+	SyncBytesFetchedTotal uint64 `json:"sync_bytes_fetched_total"`
+	SyncCorruptBlocks     uint64 `json:"sync_corrupt_blocks"`
+	DiskBlocks            uint64 `json:"disk_blocks"`
+	DiskBytes             uint64 `json:"disk_bytes"`
+	DiskBytesWritten      uint64 `json:"disk_bytes_written"`
 }
 
 func newStatusReport(st *pb.StatusResponse) statusReport {
@@ -107,6 +119,11 @@ func newStatusReport(st *pb.StatusResponse) statusReport {
 			LogicalBytes: n.LogicalBytes, PhysicalBytes: n.PhysicalBytes, SharedBytes: n.SharedBytes,
 			LogBytes: n.LogBytes, NetSentBytes: n.NetSentBytes, NetReceivedBytes: n.NetReceivedBytes,
 			WireDedupBytes: n.WireDedupBytes,
+			Restoring:      n.Restoring, SyncBlocksWanted: n.SyncBlocksWanted, SyncBlocksFetched: n.SyncBlocksFetched,
+			SyncBytesWanted: n.SyncBytesWanted, SyncBytesFetched: n.SyncBytesFetched,
+			SyncBytesServed: n.SyncBytesServed, SyncBytesFetchedTotal: n.SyncBytesFetchedTotal,
+			SyncCorruptBlocks: n.SyncCorruptBlocks,
+			DiskBlocks:        n.DiskBlocks, DiskBytes: n.DiskBytes, DiskBytesWritten: n.DiskBytesWritten,
 		})
 	}
 	return r
@@ -119,14 +136,17 @@ func (r statusReport) print(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "leader: %s %s\n\n", leader, r.LeaderAPIAddr)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tPHYSICAL\tLOGGED\tSENT\tERROR")
+	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tPHYSICAL\tON DISK\tLOGGED\tSENT\tERROR")
 	for _, n := range r.Nodes {
 		state := n.State
 		if state == "" {
 			state = "?"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr,
-			n.AppliedIndex, n.Voter, nodeBytes(n, n.PhysicalBytes), nodeBytes(n, n.LogBytes),
+		if n.Restoring {
+			state += fmt.Sprintf(" (restoring %d/%d blocks)", n.SyncBlocksFetched, n.SyncBlocksWanted)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\t%s\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr,
+			n.AppliedIndex, n.Voter, nodeBytes(n, n.PhysicalBytes), nodeBytes(n, n.DiskBytes), nodeBytes(n, n.LogBytes),
 			nodeBytes(n, n.NetSentBytes), n.Error)
 	}
 	if err := tw.Flush(); err != nil {
@@ -140,7 +160,7 @@ func (r statusReport) print(w io.Writer) error {
 		limit = fmt.Sprintf("%s (%s free)", humanBytes(r.MemoryLimit), humanBytes(r.MemoryLimit-min(r.MemoryLimit, r.PhysicalBytes)))
 	}
 	fmt.Fprintf(w, "memory limit %s, chunk %s, %d sessions\n", limit, humanBytes(uint64(r.ChunkSize)), r.Sessions)
-	fmt.Fprintln(w, "(PHYSICAL: unique block bytes on the node; LOGGED and SENT: Raft log and network bytes since it started)")
+	fmt.Fprintln(w, "(PHYSICAL: unique block bytes in the node's memory; ON DISK: its block directory; LOGGED and SENT: Raft log and network bytes since it started)")
 	return nil
 }
 

@@ -1,0 +1,335 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"io/fs"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/memoryfs/memfs/fsm"
+	"github.com/memoryfs/memfs/fsm/block"
+	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server/blockdir"
+)
+
+const chunk = block.DefaultChunkSize
+
+// uniqueBytes returns n bytes no other seed repeats (so no chunk dedups).
+func uniqueBytes(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	key[31] = 7
+	r := rand.NewChaCha8(key)
+	_, _ = r.Read(b)
+	return b
+}
+
+// manualSnapshots makes snapshots happen only when a test asks, and keeps
+// few log entries behind them, so a follower that misses a little needs
+// the snapshot.
+func manualSnapshots() ClusterOption {
+	return WithNodeConfig(func(_ int, c *Config) {
+		c.Raft.SnapshotThreshold = 1 << 30
+		c.Raft.SnapshotInterval = time.Hour
+		c.Raft.TrailingLogs = 8
+	})
+}
+
+func snapshotNow(t testing.TB, n *Node) {
+	t.Helper()
+	require.NoError(t, n.raft.Snapshot().Error(), "snapshot on %s", n.ID())
+}
+
+// writeChunks writes data at off in 1 MiB commands.
+func writeChunks(s *session, path string, off int64, data []byte) {
+	for len(data) > 0 {
+		piece := data[:min(len(data), 1<<20)]
+		r := s.write(path, off, piece)
+		require.Zero(s.t, r.GetErrno(), r.GetMessage())
+		off += int64(len(piece))
+		data = data[len(piece):]
+	}
+}
+
+func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
+	c := StartCluster(t, 3, manualSnapshots())
+	leader := c.WaitLeader(10 * time.Second)
+	s := openSession(t, c.Client(leader.APIAddr()))
+	s.create("/big")
+	writeChunks(s, "/big", 0, uniqueBytes(64*chunk, 1))
+
+	snapshotNow(t, leader)
+	dir := leader.sync.dir
+	first := dir.Stats().Written
+	require.GreaterOrEqual(t, first, uint64(64*chunk), "the first snapshot writes every block")
+
+	writeChunks(s, "/big", 10*chunk, uniqueBytes(chunk, 2))
+	snapshotNow(t, leader)
+	require.Equal(t, uint64(chunk), dir.Stats().Written-first, "the second snapshot writes only the changed block")
+	metas, err := leader.stores.Snapshots.List()
+	require.NoError(t, err)
+	require.Less(t, metas[0].Size, int64(chunk), "a snapshot names blocks, it does not hold them")
+
+	// Overwrite everything; once two snapshots of the new data are kept,
+	// the old blocks leave the disk.
+	writeChunks(s, "/big", 0, uniqueBytes(64*chunk, 3))
+	snapshotNow(t, leader)
+	s.mkdir("/d") // a snapshot needs something new to snapshot
+	snapshotNow(t, leader)
+	require.Eventually(t, func() bool { return dir.Stats().Bytes == uint64(64*chunk) }, 10*time.Second, 20*time.Millisecond,
+		"disk holds %d bytes", dir.Stats().Bytes)
+}
+
+func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
+	c := StartCluster(t, 3, manualSnapshots())
+	leader := c.WaitLeader(10 * time.Second)
+	s := openSession(t, c.Client(leader.APIAddr()))
+	s.create("/big")
+	data := uniqueBytes(64*chunk, 4)
+	writeChunks(s, "/big", 0, data)
+	f := follower(c, leader, 0)
+	lag := c.Index(f)
+	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
+	// Its last snapshot (nodes take them every SnapshotInterval) keeps its
+	// blocks on its disk; a restarted Raft node applies nothing from its
+	// log until it hears from a leader.
+	snapshotNow(t, f)
+	c.Stop(lag)
+
+	// 5% of the data changes while the node is away, and enough entries
+	// pass that the leader's log no longer reaches back to it.
+	changed := uniqueBytes(3*chunk, 5)
+	writeChunks(s, "/big", 20*chunk, changed)
+	copy(data[20*chunk:], changed)
+	for i := range 30 {
+		s.mkdir("/d" + string(rune('a'+i)))
+	}
+	snapshotNow(t, leader)
+
+	n := c.Restart(lag)
+	c.WaitApplied(leader.AppliedIndex(), 30*time.Second)
+	require.Equal(t, uint64(3*chunk), n.sync.fetchedBytesTotal.Load(), "only the changed blocks cross the network")
+	require.Equal(t, data, readAll(t, c.Client(n.APIAddr()), "/big", pb.Consistency_STALE))
+	st := n.selfStatus()
+	require.Equal(t, uint64(3), st.SyncBlocksFetched)
+	require.Equal(t, uint64(3*chunk), st.SyncBytesWanted)
+}
+
+func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
+	c := StartCluster(t, 3, manualSnapshots())
+	leader := c.WaitLeader(10 * time.Second)
+	s := openSession(t, c.Client(leader.APIAddr()))
+	s.create("/f")
+	data := uniqueBytes(8*chunk, 6)
+	writeChunks(s, "/f", 0, data)
+	f := follower(c, leader, 0)
+	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
+	snapshotNow(t, f)
+	i := c.Index(f)
+	blocks := f.sync.dir.Path()
+	c.Kill(i)
+
+	var victim string
+	require.NoError(t, filepath.WalkDir(blocks, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() && victim == "" {
+			victim = p
+		}
+		return err
+	}))
+	raw, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	raw[100] ^= 0xff
+	require.NoError(t, os.WriteFile(victim, raw, 0o600))
+
+	n := c.Restart(i)
+	st := n.selfStatus()
+	require.Equal(t, uint64(1), st.SyncCorruptBlocks)
+	require.Equal(t, uint64(chunk), st.SyncBytesFetchedTotal, "the bad block came from a peer")
+	require.Equal(t, data, readAll(t, c.Client(n.APIAddr()), "/f", pb.Consistency_STALE))
+	fixed, err := os.ReadFile(victim)
+	require.NoError(t, err, "the repaired block is on disk again")
+	sum := block.Sum(fixed)
+	require.Equal(t, filepath.Base(victim), hex.EncodeToString(sum[:]))
+}
+
+func TestWholeClusterRestartsFromIncrementalChain(t *testing.T) {
+	c := StartCluster(t, 3, manualSnapshots())
+	leader := c.WaitLeader(10 * time.Second)
+	s := openSession(t, c.Client(leader.APIAddr()))
+	s.create("/f")
+	want := uniqueBytes(16*chunk, 7)
+	writeChunks(s, "/f", 0, want)
+	for _, n := range c.Nodes() {
+		snapshotNow(t, n)
+	}
+	more := uniqueBytes(2*chunk, 8)
+	writeChunks(s, "/f", 4*chunk, more)
+	copy(want[4*chunk:], more)
+	snapshotNow(t, leader)
+	tail := uniqueBytes(chunk, 9) // only in the log
+	writeChunks(s, "/f", 16*chunk, tail)
+	want = append(want, tail...)
+	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
+
+	for i := range c.Size() {
+		c.Kill(i)
+	}
+	for i := range c.Size() {
+		c.Restart(i)
+	}
+	leader = c.WaitLeader(30 * time.Second)
+	for _, n := range c.Nodes() {
+		require.Zero(t, n.sync.fetchedBytesTotal.Load(), "%s restored from its own disk", n.ID())
+	}
+	require.Equal(t, want, readAll(t, c.Client(leader.APIAddr()), "/f", pb.Consistency_LINEARIZABLE))
+}
+
+func TestFetchBlocksRefusesBadRequests(t *testing.T) {
+	c := StartCluster(t, 1)
+	cli := c.Client(c.Node(0).APIAddr())
+	ctx := ctxTimeout(t, 10*time.Second)
+	_, err := cli.MissingBlocks(ctx, &pb.MissingBlocksRequest{Version: pb.Version, Hashes: [][]byte{{1, 2, 3}}})
+	require.ErrorContains(t, err, "hash 0")
+	many := make([][]byte, pb.MaxSyncHashes+1)
+	for i := range many {
+		many[i] = make([]byte, block.HashSize)
+	}
+	_, err = cli.MissingBlocks(ctx, &pb.MissingBlocksRequest{Version: pb.Version, Hashes: many})
+	require.ErrorContains(t, err, "at most")
+	st, err := cli.FetchBlocks(ctx, &pb.FetchBlocksRequest{Version: 99})
+	require.NoError(t, err)
+	_, err = st.Recv()
+	require.ErrorContains(t, err, "protocol version 99")
+	unknown := block.Sum([]byte("nobody has this"))
+	st, err = cli.FetchBlocks(ctx, &pb.FetchBlocksRequest{Version: pb.Version, Hashes: [][]byte{unknown[:]}})
+	require.NoError(t, err)
+	fr, err := st.Recv()
+	require.NoError(t, err)
+	require.True(t, fr.GetAbsent())
+	resp, err := cli.MissingBlocks(context.Background(), &pb.MissingBlocksRequest{Version: pb.Version, Hashes: [][]byte{unknown[:]}})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{0}, resp.GetMissing())
+}
+
+// lyingPeer claims to hold every block and sends each one corrupted.
+type lyingPeer struct {
+	pb.UnimplementedMemFSServer
+	good pb.MemFSClient
+}
+
+func (p *lyingPeer) MissingBlocks(context.Context, *pb.MissingBlocksRequest) (*pb.MissingBlocksResponse, error) {
+	return &pb.MissingBlocksResponse{}, nil
+}
+
+func (p *lyingPeer) FetchBlocks(req *pb.FetchBlocksRequest, stream grpc.ServerStreamingServer[pb.BlockFrame]) error {
+	up, err := p.good.FetchBlocks(stream.Context(), req)
+	if err != nil {
+		return err
+	}
+	for {
+		fr, err := up.Recv()
+		if err != nil {
+			return nil
+		}
+		if len(fr.Data) > 0 {
+			fr.Data[0] ^= 1
+		}
+		if err := stream.Send(fr); err != nil {
+			return err
+		}
+	}
+}
+
+func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
+	c := StartCluster(t, 1)
+	good := c.Node(0)
+	s := openSession(t, c.Client(good.APIAddr()))
+	s.create("/f")
+	data := uniqueBytes(4*chunk, 10)
+	writeChunks(s, "/f", 0, data)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterMemFSServer(srv, &lyingPeer{good: c.Client(good.APIAddr())})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	dir, err := blockdir.Open(t.TempDir())
+	require.NoError(t, err)
+	ps := newPeers()
+	t.Cleanup(ps.close)
+	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger()}
+	// "a-liar" sorts first, so it is asked first for every block.
+	src := b.source(map[string]string{"a-liar": lis.Addr().String(), "good": good.APIAddr(), "me": "x"})
+	var want []fsm.BlockWant
+	for i := range 4 {
+		piece := data[i*chunk : (i+1)*chunk]
+		want = append(want, fsm.BlockWant{Hash: block.Sum(piece), Size: chunk, Ino: 2, Index: uint64(i), FileSize: 4 * chunk})
+	}
+	got, err := src.Blocks(ctxTimeout(t, 30*time.Second), want)
+	require.NoError(t, err)
+	for i, w := range want {
+		require.Equal(t, data[i*chunk:(i+1)*chunk], got[w.Hash])
+		onDisk, err := dir.Get(w.Hash)
+		require.NoError(t, err, "only verified blocks are stored")
+		require.Equal(t, got[w.Hash], onDisk)
+	}
+	require.Positive(t, b.corruptTotal.Load())
+	require.Equal(t, uint64(4*chunk), b.gotBytes.Load())
+}
+
+func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {
+	c := StartCluster(t, 3, manualSnapshots())
+	leader := c.WaitLeader(10 * time.Second)
+	cli := c.Client(leader.APIAddr())
+	s := openSession(t, cli)
+	s.create("/base")
+	base := uniqueBytes(32*chunk, 11)
+	writeChunks(s, "/base", 0, base)
+	snapshotNow(t, leader)
+
+	// A writer keeps appending 64 KiB pieces while the node joins.
+	stop := make(chan struct{})
+	done := make(chan []byte)
+	ws := openSession(t, cli)
+	ws.create("/live")
+	go func() {
+		var acked []byte
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				done <- acked
+				return
+			default:
+			}
+			piece := uniqueBytes(chunk, 1000+i)
+			if r := ws.write("/live", int64(len(acked)), piece); r.GetErrno() == 0 {
+				acked = append(acked, piece...)
+			}
+		}
+	}()
+	i := c.AddNode()
+	n := c.Node(i)
+	require.Eventually(t, func() bool { return n.AppliedIndex() >= leader.AppliedIndex()-1 }, 60*time.Second, 20*time.Millisecond)
+	close(stop)
+	acked := <-done
+	c.WaitApplied(leader.AppliedIndex(), 30*time.Second)
+
+	require.GreaterOrEqual(t, n.sync.fetchedBytesTotal.Load(), uint64(32*chunk), "the new node got the base through block sync")
+	ncli := c.Client(n.APIAddr())
+	require.Equal(t, base, readAll(t, ncli, "/base", pb.Consistency_STALE))
+	require.Equal(t, acked, readAll(t, ncli, "/live", pb.Consistency_STALE))
+}
