@@ -10,6 +10,7 @@
 package blockdir
 
 import (
+	"cmp"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,6 +41,15 @@ type Dir struct {
 	// that is not yet listed anywhere (Hold).
 	gc sync.RWMutex
 
+	// Writes run on up to `writers` goroutines (file creation, not the
+	// disk, is what a block costs); Sync waits for them and reports the
+	// first error.
+	slots    chan struct{}
+	writing  map[block.Hash]struct{} // guarded by mu
+	inflight sync.WaitGroup
+	errMu    sync.Mutex
+	err      error // first write error since the last Sync; guarded by errMu
+
 	bytes   atomic.Uint64
 	written atomic.Uint64
 	corrupt atomic.Uint64
@@ -59,7 +69,13 @@ func Open(path string) (*Dir, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("blockdir: %w", err)
 	}
-	d := &Dir{path: path, index: map[block.Hash]uint32{}}
+	d := &Dir{path: path, index: map[block.Hash]uint32{}, slots: make(chan struct{}, writers),
+		writing: map[block.Hash]struct{}{}}
+	for i := range 256 {
+		if err := os.MkdirAll(filepath.Join(path, fmt.Sprintf("%02x", i)), 0o700); err != nil {
+			return nil, fmt.Errorf("blockdir: %w", err)
+		}
+	}
 	err := filepath.WalkDir(path, func(p string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() {
 			return err
@@ -106,17 +122,51 @@ func (d *Dir) Has(h block.Hash) bool {
 	return ok
 }
 
-// PutBlock writes block h unless it is already here. The caller vouches
-// that h is the hash of data. The file is not synced: call Sync before
-// anything durable refers to it.
+// writers is how many block files are written at once.
+const writers = 4
+
+// PutBlock writes block h unless it is already here, in the background:
+// data must not change afterwards (blocks are immutable). The caller
+// vouches that h is the hash of data. Nothing is durable, or reported,
+// before Sync.
 func (d *Dir) PutBlock(h block.Hash, data []byte) error {
-	if d.Has(h) {
+	d.mu.Lock()
+	_, have := d.index[h]
+	_, busy := d.writing[h]
+	if have || busy {
+		d.mu.Unlock()
 		return nil
 	}
+	d.writing[h] = struct{}{}
+	d.mu.Unlock()
+	d.slots <- struct{}{}
+	d.inflight.Add(1)
+	go func() {
+		defer d.inflight.Done()
+		err := d.write(h, data)
+		<-d.slots
+		d.mu.Lock()
+		delete(d.writing, h)
+		if err == nil {
+			d.index[h] = uint32(len(data))
+			d.bytes.Add(uint64(len(data)))
+		}
+		d.mu.Unlock()
+		if err != nil {
+			d.errMu.Lock()
+			d.err = cmp.Or(d.err, err)
+			d.errMu.Unlock()
+			return
+		}
+		d.written.Add(uint64(len(data)))
+	}()
+	return nil
+}
+
+// write puts one block file in place through a temporary name, so a crash
+// never leaves a partial file under a block's name.
+func (d *Dir) write(h block.Hash, data []byte) error {
 	name := d.file(h)
-	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
-		return fmt.Errorf("blockdir: %w", err)
-	}
 	tmp := name + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		_ = os.Remove(tmp)
@@ -126,13 +176,6 @@ func (d *Dir) PutBlock(h block.Hash, data []byte) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("blockdir: %w", err)
 	}
-	d.mu.Lock()
-	if _, ok := d.index[h]; !ok {
-		d.index[h] = uint32(len(data))
-		d.bytes.Add(uint64(len(data)))
-	}
-	d.mu.Unlock()
-	d.written.Add(uint64(len(data)))
 	return nil
 }
 
@@ -157,8 +200,18 @@ func (d *Dir) Get(h block.Hash) ([]byte, error) {
 	return data, nil
 }
 
-// Sync makes every block written so far durable (one syncfs for all).
+// Sync waits for the blocks being written, then makes every block written
+// so far durable (one syncfs for all). It returns the first write error
+// since the last Sync.
 func (d *Dir) Sync() error {
+	d.inflight.Wait()
+	d.errMu.Lock()
+	werr := d.err
+	d.err = nil
+	d.errMu.Unlock()
+	if werr != nil {
+		return werr
+	}
 	f, err := os.Open(d.path)
 	if err != nil {
 		return fmt.Errorf("blockdir: %w", err)

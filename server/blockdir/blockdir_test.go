@@ -2,6 +2,7 @@ package blockdir_test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ func put(t *testing.T, d *blockdir.Dir, data []byte) block.Hash {
 	t.Helper()
 	h := block.Sum(data)
 	require.NoError(t, d.PutBlock(h, data))
+	require.NoError(t, d.Sync(), "writes land by Sync")
 	return h
 }
 
@@ -94,4 +96,19 @@ func TestRetain(t *testing.T) {
 	require.True(t, d.Has(keep))
 	require.False(t, d.Has(drop))
 	require.Equal(t, uint64(4), d.Stats().Bytes)
+}
+
+func TestWriteErrorSurfacesAtSync(t *testing.T) {
+	path := t.TempDir()
+	d, err := blockdir.Open(path)
+	require.NoError(t, err)
+	data := []byte("cannot land")
+	h := block.Sum(data)
+	shard := filepath.Join(path, hex.EncodeToString(h[:1]))
+	require.NoError(t, os.RemoveAll(shard))
+	require.NoError(t, os.WriteFile(shard, nil, 0o600)) // a file where the shard directory should be
+	require.NoError(t, d.PutBlock(h, data))
+	require.Error(t, d.Sync())
+	require.False(t, d.Has(h))
+	require.NoError(t, d.Sync(), "the error is reported once")
 }
