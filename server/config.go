@@ -144,7 +144,9 @@ type RaftTuning struct {
 	MaxBatchCommands int
 	MaxBatchBytes    int
 
-	// MaxRPCsInFlight pipelines AppendEntries to each follower.
+	// MaxRPCsInFlight pipelines AppendEntries to each follower when 2 or
+	// more. The default, 1, turns pipelining off: hashicorp/raft v1.8.0's
+	// pipeline can deadlock (docs/operations.md, "Raft settings").
 	MaxRPCsInFlight int
 	// TransportTimeout is the I/O deadline of a Raft RPC.
 	TransportTimeout time.Duration
@@ -169,7 +171,7 @@ func DefaultRaftTuning() RaftTuning {
 		MaxInflightApplies: 4,
 		MaxBatchCommands:   256,
 		MaxBatchBytes:      4 << 20,
-		MaxRPCsInFlight:    2,
+		MaxRPCsInFlight:    1,
 		TransportTimeout:   10 * time.Second,
 		TransportPool:      3,
 		LogCacheSize:       64,
