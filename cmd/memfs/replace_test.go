@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -95,7 +96,12 @@ func (s *spareNode) with() string { return s.ID + "@" + s.RaftAddr + "," + s.API
 func startSpare(t *testing.T, bin, id string) *spareNode {
 	t.Helper()
 	ports := freePorts(t, 2)
-	s := &spareNode{ID: id, RaftAddr: ports[0], APIAddr: ports[1], out: &syncBuffer{}, done: make(chan struct{})}
+	return startSpareAt(t, bin, id, ports[0], ports[1])
+}
+
+func startSpareAt(t *testing.T, bin, id, raftAddr, apiAddr string) *spareNode {
+	t.Helper()
+	s := &spareNode{ID: id, RaftAddr: raftAddr, APIAddr: apiAddr, out: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "server", "--id", id, "--data", filepath.Join(t.TempDir(), id),
 		"--raft-addr", s.RaftAddr, "--api-addr", s.APIAddr, "--memory-limit", "1GiB")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
@@ -209,10 +215,10 @@ func preload(t *testing.T, addrs []string, files, size int) {
 	defer cli.Close()
 	require.NoError(t, cli.MkdirAll("/pre", 0o755))
 	for i := range files {
+		// Distinct random bytes: block dedup must not shrink the state.
 		data := make([]byte, size)
-		for j := range data {
-			data[j] = byte(i*31 + j*7 + j>>8)
-		}
+		rng := rand.NewChaCha8([32]byte{byte(i), byte(i >> 8), byte(i >> 16)})
+		_, _ = rng.Read(data)
 		require.NoError(t, cli.WriteFile(fmt.Sprintf("/pre/%04d", i), data, 0o644))
 	}
 }
