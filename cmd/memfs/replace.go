@@ -304,7 +304,7 @@ func (r *replacer) catchUp(ctx context.Context, joinIndex uint64) error {
 		case <-tick.C:
 		case <-ctx.Done():
 			if parentDone(ctx) {
-				return fmt.Errorf("interrupted while %s caught up", o.New.ID)
+				return fmt.Errorf("interrupted while %s was catching up", o.New.ID)
 			}
 			state := "no progress report"
 			if last != nil {
