@@ -187,15 +187,15 @@ func (r *replacer) run(ctx context.Context) (replaceSummary, error) {
 	}
 
 	// 2. Pre-copy: wait until it trails the leader by little, for a while.
+	// Also when it votes already (started with --join, or a resumed run):
+	// the old node leaves only once the new one holds the state.
 	catchStart := r.now()
 	joinIndex, err := r.leaderCommit(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("read the leader's commit index: %w", err))
 	}
-	if stage < stagePromoted {
-		if err := r.catchUp(ctx, joinIndex); err != nil {
-			return fail(err)
-		}
+	if err := r.catchUp(ctx, joinIndex); err != nil {
+		return fail(err)
 	}
 	sum.CatchUp = r.now().Sub(catchStart)
 

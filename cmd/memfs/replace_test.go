@@ -378,6 +378,50 @@ func TestNodeReplaceFailures(t *testing.T) {
 	require.NotNil(t, n4)
 	require.False(t, n4.Voter)
 	require.Equal(t, leader.ID(), st.Leader, "the leader stayed")
+
+	// Undo as the message says; then the replacement with the right
+	// address goes through.
+	out, err := exec.Command(bin, "node", "remove", "n4", "--cluster", cluster).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	follower := ""
+	for _, n := range c.Nodes() {
+		if n != leader {
+			follower = n.ID()
+		}
+	}
+	msg, code = run(follower, "--with", spare.with(), "--stable", "200ms")
+	require.Equal(t, 0, code, msg)
+	st = statusOf(t, addrs)
+	require.Len(t, st.Nodes, 3)
+	require.NotNil(t, findNode(st, "n4"))
+	require.Nil(t, findNode(st, follower))
+}
+
+// A run stopped after the new node was added resumes where it stopped.
+func TestNodeReplaceResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := memfsBinary(t)
+	c := server.StartCluster(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	spare := startSpare(t, bin, "n4")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := c.Client(leader.APIAddr()).Join(ctx, &pb.JoinRequest{Version: pb.Version, Id: spare.ID,
+		RaftAddr: spare.RaftAddr, ApiAddr: spare.APIAddr, Nonvoter: true})
+	require.NoError(t, err)
+
+	cmd := exec.Command(bin, "node", "replace", leader.ID(), "--with", spare.with(),
+		"--cluster", strings.Join(c.APIAddrs(), ","), "--stable", "200ms")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "n4 is already a member (voter: false); resuming")
+	require.NotContains(t, string(out), "adding n4")
+	st := statusOf(t, c.APIAddrs())
+	require.Len(t, st.Nodes, 3)
+	require.True(t, findNode(st, "n4").Voter)
+	require.Nil(t, findNode(st, leader.ID()))
 }
 
 func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
