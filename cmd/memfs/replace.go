@@ -78,7 +78,11 @@ func (s replaceSummary) print(w io.Writer) {
 		fetched = fmt.Sprintf("%s in %d blocks fetched by block sync, %s", humanBytes(s.SyncBytes), s.SyncBlocks, fetched)
 	}
 	fmt.Fprintf(w, "  %s: %s\n", s.New, fetched)
-	fmt.Fprintf(w, "  voters: %s; leader: %s\n", strings.Join(s.Voters, ", "), s.Leader)
+	fmt.Fprintf(w, "  voters: %s; leader: %s", strings.Join(s.Voters, ", "), s.Leader)
+	if s.OldWasLeader {
+		fmt.Fprintf(w, " (%s led before)", s.Old)
+	}
+	fmt.Fprintln(w)
 	if len(s.NonVoters) > 0 {
 		fmt.Fprintf(w, "  non-voters: %s\n", strings.Join(s.NonVoters, ", "))
 	}
