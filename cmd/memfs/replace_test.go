@@ -437,3 +437,34 @@ func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
 	slices.SortFunc(st.Nodes, func(a, b *pb.NodeStatus) int { return strings.Compare(a.Id, b.Id) })
 	return st
 }
+
+func TestReplaceProgressLine(t *testing.T) {
+	cases := []struct {
+		name string
+		self *pb.NodeStatus
+		want []string
+		not  []string
+	}{
+		{"raft only", &pb.NodeStatus{AppliedIndex: 90, NetReceivedBytes: 3 << 20},
+			[]string{"n4 catching up: log 90/100 (lag 10)", "3.0 MiB received"}, []string{"blocks", "restoring"}},
+		{"block sync", &pb.NodeStatus{AppliedIndex: 0, Restoring: true, SyncBlocksWanted: 64, SyncBlocksFetched: 16,
+			SyncBytesWanted: 4 << 20, SyncBytesFetched: 1 << 20},
+			[]string{"log 0/100 (lag 100)", "blocks 16/64, 1.0 MiB/4.0 MiB [#####...............]", "restoring snapshot"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			r := newReplacer(replaceOptions{New: replaceTarget{ID: "n4"}}, &out)
+			lag := 100 - tc.self.AppliedIndex
+			r.showProgress(tc.self, 100, lag, 3*time.Second)
+			r.showProgress(tc.self, 100, lag, 3*time.Second) // within 2 s: not repeated in a log
+			require.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
+			for _, w := range tc.want {
+				require.Contains(t, out.String(), w)
+			}
+			for _, w := range tc.not {
+				require.NotContains(t, out.String(), w)
+			}
+		})
+	}
+}
