@@ -217,6 +217,13 @@ func (n *Node) removeMember(ctx context.Context, id string) error {
 	if _, ok := n.suffrage(id); !ok {
 		return status.Errorf(codes.NotFound, "node %q is not a member", id)
 	}
+	if id == n.cfg.ID && n.otherVoters() > 0 {
+		handed, err := n.handOverAndRemoveSelf(ctx)
+		if handed {
+			return err
+		}
+		n.log.Warn("leadership transfer before self-removal failed; removing self as leader", "err", err)
+	}
 	if n.rfsm.member(id) != "" {
 		if err := waitFuture(ctx, n.raft.Apply(encodeMeta(metaOp{Op: "del", ID: id}), 0)); err != nil {
 			return err
@@ -227,4 +234,36 @@ func (n *Node) removeMember(ctx context.Context, id string) error {
 	}
 	n.log.Info("removed member", "id", id)
 	return nil
+}
+
+// handOverAndRemoveSelf lets a leader asked to remove itself hand
+// leadership to another voter first and have the new leader remove it.
+// Removed while leading, it would commit its own removal and shut Raft
+// down (ShutdownOnRemove), leaving the cluster without a leader for a
+// whole election timeout; a transfer costs one round trip. handed is false
+// when the transfer failed and nothing was done.
+func (n *Node) handOverAndRemoveSelf(ctx context.Context) (handed bool, err error) {
+	if err := waitFuture(ctx, n.raft.LeadershipTransfer()); err != nil {
+		return false, err
+	}
+	n.log.Info("handed leadership over before removing self")
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// The new leader is known once its first heartbeat arrives.
+		if id, api := n.Leader(); id != "" && id != n.cfg.ID && api != "" {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return true, unavailableErr("node %s handed leadership over but sees no new leader yet: %v", n.cfg.ID, ctx.Err())
+		}
+	}
+	cli, err := n.leaderClient(ctx)
+	if err != nil {
+		return true, err
+	}
+	_, err = cli.RemoveNode(forwardContext(ctx), &pb.RemoveNodeRequest{Version: pb.Version, Id: n.cfg.ID})
+	return true, err
 }

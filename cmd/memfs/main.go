@@ -70,6 +70,12 @@ func commandContext() (context.Context, context.CancelFunc) {
 	return ctx, func() { cancel(); stop() }
 }
 
+// explainedError is an error whose text already explains itself: no
+// generic hint is added.
+type explainedError struct{ error }
+
+func (e explainedError) Unwrap() error { return e.error }
+
 // usageError marks a mistake in the command line (exit status 2).
 type usageError struct{ error }
 
@@ -99,7 +105,10 @@ var rpcPrefix = regexp.MustCompile(`rpc error: code = \w+ desc = `)
 // wrapping goes, and the common network failures get a hint.
 func errorText(err error) string {
 	msg := rpcPrefix.ReplaceAllString(err.Error(), "")
+	var done explainedError
 	switch {
+	case errors.As(err, &done):
+		return msg // says already what happened and what to do
 	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
 		return msg + fmt.Sprintf(" (gave up after --timeout %v)", timeoutFlag)
 	case strings.Contains(msg, "connection refused"):

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -33,7 +38,68 @@ var nodeRemoveCmd = &cobra.Command{
 	},
 }
 
+var replaceFlags struct {
+	with           string
+	maxLag         uint64
+	stable         time.Duration
+	catchUpTimeout time.Duration
+}
+
+var nodeReplaceCmd = &cobra.Command{
+	Use:   "replace OLD --with ID@RAFT_ADDR,API_ADDR",
+	Short: "Replace node OLD by a new node, keeping a quorum throughout",
+	Long: `Replace node OLD by a new node that is already running without state
+(memfs server --id ID --data DIR --raft-addr RAFT_ADDR --api-addr API_ADDR,
+with neither --bootstrap nor --join: it waits to be added).
+
+The new node is added as a non-voter and catches up while clients go on
+writing (a progress line on stderr shows its log position and, when block
+sync runs, blocks and bytes); once it trails the leader's commit index by at
+most --max-lag entries for --stable, it is promoted to voter, and then OLD
+is removed (a leader hands leadership over first). Stop OLD's process
+afterwards. Each membership step waits at most --timeout; the catch-up at
+most --catch-up-timeout. On failure the message says what the membership
+is now; running the same command again resumes.`,
+	Args: cobra.ExactArgs(1),
+	RunE: func(cmd *cobra.Command, args []string) error {
+		if replaceFlags.with == "" {
+			return usageError{errors.New("--with ID@RAFT_ADDR,API_ADDR is required")}
+		}
+		target, err := parseReplaceTarget(replaceFlags.with)
+		if err != nil {
+			return usageError{err}
+		}
+		if target.ID == args[0] {
+			return usageError{fmt.Errorf("the new node needs an id other than %s (ids are never reused)", args[0])}
+		}
+		addrs := clusterAddrs()
+		if len(addrs) == 0 {
+			return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+		}
+		// Only Ctrl-C bounds the whole command: the catch-up may take long.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		r := newReplacer(replaceOptions{
+			Old: args[0], New: target, Cluster: addrs,
+			MaxLag: replaceFlags.maxLag, Stable: replaceFlags.stable,
+			CatchUpTimeout: replaceFlags.catchUpTimeout, StepTimeout: timeoutFlag,
+		}, cmd.ErrOrStderr())
+		sum, err := r.run(ctx)
+		if err != nil {
+			return err
+		}
+		sum.print(cmd.OutOrStdout())
+		return nil
+	},
+}
+
 func init() {
+	f := nodeReplaceCmd.Flags()
+	f.StringVar(&replaceFlags.with, "with", "", "the new node: ID@RAFT_ADDR,API_ADDR")
+	f.Uint64Var(&replaceFlags.maxLag, "max-lag", 64, "promote once the new node trails the leader's commit index by at most this many entries")
+	f.DurationVar(&replaceFlags.stable, "stable", 2*time.Second, "how long the lag must stay within --max-lag before promotion")
+	f.DurationVar(&replaceFlags.catchUpTimeout, "catch-up-timeout", 10*time.Minute, "give up if the new node has not caught up after this long")
+	nodeCmd.AddCommand(nodeReplaceCmd)
 	nodeCmd.AddCommand(nodeRemoveCmd)
 	rootCmd.AddCommand(nodeCmd)
 }

@@ -40,7 +40,8 @@ var serverCmd = &cobra.Command{
 
 A new cluster starts with one node run with --bootstrap; the others are run
 with --join naming members' API addresses. A node restarted on its data dir
-comes back with its state and needs neither flag.`,
+comes back with its state and needs neither flag. A new node run with
+neither flag waits until the cluster adds it (memfs node replace).`,
 	Args: cobra.NoArgs,
 	RunE: runServer,
 }
@@ -119,9 +120,25 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			return err
 		}
 	}
+	waiting := false
+	if !sf.bootstrap && len(sf.join) == 0 {
+		has := false
+		if !sf.ephemeral {
+			if has, err = server.HasState(sf.data); err != nil {
+				return fmt.Errorf("inspect %s: %w", sf.data, err)
+			}
+		}
+		waiting = !has
+	}
 	node, err := server.New(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if waiting {
+		// A node without state and without --join is a spare: the cluster
+		// adds it (memfs node replace), and Raft then sends it everything.
+		logger.Info("no state, and neither --bootstrap nor --join: waiting to be added by the cluster",
+			"hint", fmt.Sprintf("memfs node replace OLD --with %s@%s,%s", sf.id, node.RaftAddr(), node.APIAddr()))
 	}
 	logger.Info("serving", "id", sf.id, "api_addr", node.APIAddr(), "raft_addr", node.RaftAddr(),
 		"memory_limit", limit)

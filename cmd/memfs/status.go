@@ -199,7 +199,11 @@ func adminDial(addr string) (*grpc.ClientConn, error) {
 // callCluster runs fn against the --cluster nodes in turn until one
 // answers with anything but UNAVAILABLE.
 func callCluster(ctx context.Context, fn func(context.Context, pb.MemFSClient) error) error {
-	addrs := clusterAddrs()
+	return callAddrs(ctx, clusterAddrs(), fn)
+}
+
+// callAddrs is callCluster over addrs.
+func callAddrs(ctx context.Context, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
 	if len(addrs) == 0 {
 		return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
 	}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestNodeReplaceLatencyFigure measures the figure of docs/benchmarks.md
+// ("Node replacement"): the write latency of a steady writer before,
+// during and after `memfs node replace`, on a `memfs up` cluster of node
+// processes. It runs only when asked:
+//
+//	MEMFS_REPLACE_FIGURE=1 [MEMFS_REPLACE_FIGURE_MB=256] [MEMFS_REPLACE_FIGURE_BASE=50000] \
+//	  go test ./cmd/memfs -run TestNodeReplaceLatencyFigure -v -timeout 30m
+func TestNodeReplaceLatencyFigure(t *testing.T) {
+	if os.Getenv("MEMFS_REPLACE_FIGURE") == "" {
+		t.Skip("a measurement: set MEMFS_REPLACE_FIGURE=1")
+	}
+	mb := envInt(t, "MEMFS_REPLACE_FIGURE_MB", 256)
+	for i, which := range []string{"follower", "leader"} {
+		t.Run(which, func(t *testing.T) {
+			bin := memfsBinary(t)
+			base := freeBasePort(t, 5)
+			if lo := envInt(t, "MEMFS_REPLACE_FIGURE_BASE", 0); lo != 0 {
+				base = freeBaseFrom(t, lo+10*i, 5)
+			}
+			p := startUp(t, bin, t.TempDir(), base)
+			st := waitStatus(t, bin, p)
+			old := "n2"
+			if which == "leader" {
+				old = st.Leader
+			} else if st.Leader == old {
+				old = "n3"
+			}
+			// The spare takes its ports now, before the preload gives other
+			// processes a minute to take them as ephemeral ports.
+			spare := startSpareAt(t, bin, "n4", fmt.Sprintf("127.0.0.1:%d", base+104), fmt.Sprintf("127.0.0.1:%d", base+4))
+			addrs := strings.Split(p.cluster, ",")
+			preload(t, addrs, mb, 1<<20)
+
+			w := startWriter(t, addrs, 10*time.Millisecond)
+			window := 10 * time.Second
+			<-time.After(window) // the "before" window
+			var stdout bytes.Buffer
+			stderr := &stampedLines{}
+			cmd := exec.Command(bin, "node", "replace", old, "--with", spare.with(), "--cluster", p.cluster)
+			cmd.Stdout, cmd.Stderr = &stdout, stderr
+			start := time.Now()
+			err := cmd.Run()
+			end := time.Now()
+			require.NoError(t, err, "%s\n%s", &stdout, stderr)
+			<-time.After(window / 2) // the "after" window
+			w.finish()
+			require.Empty(t, w.errs)
+			load, _ := os.ReadFile("/proc/loadavg")
+
+			type win struct {
+				name     string
+				from, to time.Time
+			}
+			fmt.Printf("replace %s (%s) with %d MiB stored; load %s", which, old, mb, load)
+			fmt.Printf("%s%s", &stdout, stderr)
+			promote := stderr.first("promoting")
+			require.False(t, promote.IsZero())
+			for _, ws := range []win{
+				{"before", start.Add(-window), start},
+				{"during", start, end},
+				{"during: add and catch-up", start, promote},
+				{"during: promote and remove", promote, end},
+				{"after", end, end.Add(window / 2)},
+			} {
+				var lat []time.Duration
+				for k, at := range w.at {
+					if !at.Before(ws.from) && at.Before(ws.to) {
+						lat = append(lat, w.lat[k])
+					}
+				}
+				slices.Sort(lat)
+				if len(lat) == 0 {
+					continue
+				}
+				fmt.Printf("| %s | %s | %.1f s | %d | %.1f | %.1f | %.1f |\n", which, ws.name, ws.to.Sub(ws.from).Seconds(), len(lat),
+					ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), ms(lat[len(lat)-1]))
+			}
+			p.stop(t)
+		})
+	}
+}
+
+// freeBaseFrom is freeBasePort counting up from lo in steps of 200, for
+// runs by hand that must stay in a given port range.
+func freeBaseFrom(t *testing.T, lo, n int) int {
+	t.Helper()
+	for base := lo; base < lo+4000; base += 200 {
+		ok := true
+		for i := 1; i <= n && ok; i++ {
+			for _, p := range []int{base + i, base + 100 + i} {
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+				if err != nil {
+					ok = false
+					break
+				}
+				l.Close()
+			}
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no free ports from %d", lo)
+	return 0
+}
+
+// stampedLines keeps a command's output lines with their arrival times.
+type stampedLines struct {
+	mu    sync.Mutex
+	buf   []byte
+	lines []string
+	at    []time.Time
+}
+
+func (s *stampedLines) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.IndexByte(s.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		s.lines = append(s.lines, string(s.buf[:i]))
+		s.at = append(s.at, time.Now())
+		s.buf = s.buf[i+1:]
+	}
+}
+
+// first returns when the first line containing sub arrived.
+func (s *stampedLines) first(sub string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, l := range s.lines {
+		if strings.Contains(l, sub) {
+			return s.at[i]
+		}
+	}
+	return time.Time{}
+}
+
+func (s *stampedLines) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.lines, "\n") + "\n" + string(s.buf)
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, name)
+	return n
+}
