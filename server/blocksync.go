@@ -435,10 +435,14 @@ func recvBlock(stream grpc.ServerStreamingClient[pb.BlockFrame], w fsm.BlockWant
 			return nil, fmt.Errorf("block %s: frame at %d of %d bytes (block %d), want %d bytes: %w",
 				w.Hash.Short(), fr.GetOffset(), len(fr.GetData()), fr.GetSize(), w.Size, errBadBlock)
 		}
-		if data == nil {
-			data = make([]byte, 0, w.Size)
+		switch {
+		case data == nil && uint64(len(fr.GetData())) == w.Size:
+			data = fr.GetData() // the whole block in one frame: no copy
+		case data == nil:
+			data = append(make([]byte, 0, w.Size), fr.GetData()...)
+		default:
+			data = append(data, fr.GetData()...)
 		}
-		data = append(data, fr.GetData()...)
 		if uint64(len(data)) == w.Size {
 			if block.Sum(data) != w.Hash {
 				return nil, fmt.Errorf("block %s from peer: %w", w.Hash.Short(), errBadBlock)

@@ -346,6 +346,9 @@ func (n *Node) teardown(graceful bool) error {
 	if n.stores != nil {
 		errs = append(errs, n.stores.close())
 	}
+	if n.sync != nil && n.sync.dir != nil {
+		errs = append(errs, n.sync.dir.Close())
+	}
 	if n.metrics != nil {
 		n.metrics.unregister(n.cfg.Registerer)
 	}

@@ -145,7 +145,23 @@ func BenchmarkCatchUp(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	i := c.AddNode()
+	joined := time.Since(start)
+	n0 := c.Node(i)
+	var tRestore, tFetched, tDone time.Duration
+	go func() {
+		for tDone == 0 {
+			time.Sleep(5 * time.Millisecond)
+			if tRestore == 0 && n0.sync.restoring.Load() {
+				tRestore = time.Since(start)
+			}
+			if tFetched == 0 && n0.sync.gotBytes.Load() > 0 && n0.sync.gotBytes.Load() == n0.sync.wantBytes.Load() {
+				tFetched = time.Since(start)
+			}
+		}
+	}()
 	c.WaitApplied(leader.AppliedIndex(), 10*time.Minute)
+	tDone = time.Since(start)
+	b.Logf("joined %v restoring %v fetched %v applied %v", joined, tRestore, tFetched, tDone)
 	took := time.Since(start)
 	n := c.Node(i)
 	b.StopTimer()
