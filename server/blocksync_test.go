@@ -264,7 +264,7 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	require.NoError(t, err)
 	dir, err := blockdir.Open(t.TempDir())
 	require.NoError(t, err)
-	ps := newPeers()
+	ps := newPeers(nil)
 	t.Cleanup(ps.close)
 	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger()}
 	// "a-liar" sorts first, so it is asked first for every block.

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -90,6 +92,11 @@ type Config struct {
 
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning
+
+	// PeerDialer, when set, makes the node's connections to other nodes'
+	// APIs (forwarding to the leader, status fan-out, block sync); plain
+	// TCP when nil. Tests put fault injection here.
+	PeerDialer func(ctx context.Context, addr string) (net.Conn, error)
 
 	// SyncPriority orders the blocks a restore fetches from peers
 	// (SmallFilesFirst when nil).

@@ -70,7 +70,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = time.Second
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), ready: newLeaderReady(), peers: newPeers(),
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), ready: newLeaderReady(), peers: newPeers(cfg.PeerDialer),
 		watchers: newWatchers()}
 	n.hlog = raftLogger(n.log, cfg.RaftLogLevel)
 	n.ctx, n.cancel = context.WithCancel(context.Background())

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -20,12 +21,15 @@ const forwardedKey = "memfs-forwarded"
 // peers keeps one gRPC connection per member API address, for forwarding
 // to the leader and for status fan-out.
 type peers struct {
+	dial   func(context.Context, string) (net.Conn, error) // nil: plain TCP
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn // guarded by mu
 	closed bool                        // guarded by mu
 }
 
-func newPeers() *peers { return &peers{conns: map[string]*grpc.ClientConn{}} }
+func newPeers(dial func(context.Context, string) (net.Conn, error)) *peers {
+	return &peers{dial: dial, conns: map[string]*grpc.ClientConn{}}
+}
 
 var errPeersClosed = errors.New("node is shutting down")
 
@@ -38,9 +42,12 @@ func (p *peers) client(addr string) (pb.MemFSClient, error) {
 	if c, ok := p.conns[addr]; ok {
 		return pb.NewMemFSClient(c), nil
 	}
-	c, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg))}
+	if p.dial != nil {
+		opts = append(opts, grpc.WithContextDialer(p.dial))
+	}
+	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
