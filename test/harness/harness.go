@@ -513,6 +513,7 @@ func (c *Cluster) CheckConverged(t testing.TB, paths []string, timeout time.Dura
 		}
 		if time.Now().After(deadline) {
 			t.Errorf("replicas did not converge within %v: %s", timeout, last)
+			c.convergenceForensics(t)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
