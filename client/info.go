@@ -104,19 +104,24 @@ func (e dirEntry) Info() (fs.FileInfo, error) {
 
 // listDir lists directory ino as fs.DirEntry values sorted by name.
 func (c *Client) listDir(ctx context.Context, loc *pb.Loc) ([]fs.DirEntry, error) {
-	ino := loc.GetIno()
-	if ino == 0 {
-		// Entries name their parent by inode so that Info still finds
-		// them if the directory is renamed meanwhile.
-		a, err := c.stat(ctx, "readdir", loc)
-		if err != nil {
-			return nil, err
-		}
-		ino = a.GetIno()
-	}
-	ds, err := c.readDir(ctx, &pb.Loc{Ino: ino})
+	// One query resolves loc and lists it: resolving first and listing the
+	// inode in a second query let a rename in between (a directory renamed
+	// over loc) make the listing fail with ENOENT for a path that always
+	// existed. Entries name their parent by inode so that Info still finds
+	// them if the directory is renamed meanwhile.
+	ds, ino, err := c.readDir(ctx, loc)
 	if err != nil {
 		return nil, err
+	}
+	if ino == 0 {
+		// A node too old to name the directory it listed.
+		if ino = loc.GetIno(); ino == 0 {
+			a, err := c.stat(ctx, "readdir", loc)
+			if err != nil {
+				return nil, err
+			}
+			ino = a.GetIno()
+		}
 	}
 	out := make([]fs.DirEntry, len(ds))
 	for i, d := range ds {

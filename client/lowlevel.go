@@ -325,16 +325,28 @@ func (c *Client) ReadIno(ctx context.Context, ino uint64, off int64, p []byte) (
 
 // ReadDirIno lists directory ino, following cookies until the end.
 func (c *Client) ReadDirIno(ctx context.Context, ino uint64) ([]*pb.Dirent, error) {
-	return c.readDir(ctx, &pb.Loc{Ino: ino})
+	ents, _, err := c.readDir(ctx, &pb.Loc{Ino: ino})
+	return ents, err
 }
 
-func (c *Client) readDir(ctx context.Context, loc *pb.Loc) ([]*pb.Dirent, error) {
+// readDir lists loc page by page and returns the listed directory's inode
+// (0 from a node too old to name it). The first page is asked for by loc;
+// the node answers with the directory's attributes, and later pages ask for
+// that inode, so a listing by path is of one directory even if the path is
+// renamed meanwhile.
+func (c *Client) readDir(ctx context.Context, loc *pb.Loc) ([]*pb.Dirent, uint64, error) {
 	var out []*pb.Dirent
+	var dir uint64
 	cookie := ""
 	for {
 		res, err := c.Query(ctx, &pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: loc, Cookie: cookie}}})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
+		}
+		if dir == 0 {
+			if dir = res.GetAttr().GetIno(); dir != 0 {
+				loc = &pb.Loc{Ino: dir}
+			}
 		}
 		ents := res.GetEntries()
 		out = append(out, ents...)
@@ -348,7 +360,7 @@ func (c *Client) readDir(ctx context.Context, loc *pb.Loc) ([]*pb.Dirent, error)
 		cookie = next
 	}
 	out = slices.DeleteFunc(out, func(d *pb.Dirent) bool { return d.GetName() == "." || d.GetName() == ".." })
-	return out, nil
+	return out, dir, nil
 }
 
 // Statfs returns the file system's totals.

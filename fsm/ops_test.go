@@ -105,6 +105,7 @@ func TestReadDirPaging(t *testing.T) {
 	r = h.MustQ(ft.ReadDir("/d", "zlink", 0))
 	require.Empty(t, r.Entries)
 	require.True(t, r.Eof)
+	require.Equal(t, ino(t, h, "/d"), r.Attr.GetIno(), "a listing names the directory it listed")
 }
 
 func TestXattrs(t *testing.T) {

@@ -106,7 +106,10 @@ func (s *state) readDir(x *pb.ReadDirQuery) (*pb.Result, error) {
 	limit = min(limit, maxReadDir)
 	it := s.dirents.root().Iterator()
 	it.SeekLowerBound(dirKey(n.ino, x.Cookie))
-	r := &pb.Result{Eof: true}
+	// Attr names the directory listed: a client that lists a path learns
+	// which inode it listed from the same query, so a rename between two
+	// queries cannot make it list another directory or none.
+	r := &pb.Result{Eof: true, Attr: n.attr()}
 	for {
 		k, d, ok := it.Next()
 		if !ok || len(k) < 8 || be.Uint64(k) != n.ino {

@@ -165,7 +165,7 @@ func (b *batcher) send(batch []*applyReq) {
 	f := b.raft.Apply(data, 0)
 	go func() {
 		defer func() { <-b.slots }()
-		if err := f.Error(); err != nil {
+		if err := futureError(f, b.stop); err != nil {
 			b.finish(batch, err)
 			return
 		}
@@ -226,4 +226,29 @@ func commandType(c *pb.Command) string {
 		return "none"
 	}
 	return string(fd.Name())
+}
+
+// futureError waits for f to finish or stop to close. hashicorp/raft never
+// answers an Apply or VerifyLeader future that is still queued (in its
+// apply, verify or FSM channel) when it shuts down, so a goroutine blocked
+// in f.Error() would wait forever, and with it whatever it references: in
+// a process that runs many nodes (the test harness) that was the whole
+// raft.Raft with its state machine. Only the goroutine below, holding f,
+// stays blocked then. stop must close after raft.Shutdown has returned
+// (Node.teardown shuts Raft down before the batcher); a future answered by
+// then is still reported as answered.
+func futureError(f raft.Future, stop <-chan struct{}) error {
+	errc := make(chan error, 1)
+	go func() { errc <- f.Error() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-stop:
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(10 * time.Millisecond):
+		return raft.ErrRaftShutdown
+	}
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -47,9 +48,37 @@ func (v *verifier) rounds() {
 			return
 		}
 		v.mu.Unlock()
-		err := v.raft.VerifyLeader().Error()
+		err := verifyLeader(v.raft)
 		for _, ch := range group {
 			ch <- err
+		}
+	}
+}
+
+// verifyLeader runs one VerifyLeader round. Like an Apply future (see
+// futureError), a verify future still queued when Raft shuts down is never
+// answered, and rounds would then keep the raft.Raft alive forever; the
+// verifier has no stop channel, so it polls Raft's state while it waits.
+func verifyLeader(r *raft.Raft) error {
+	f := r.VerifyLeader()
+	errc := make(chan error, 1)
+	go func() { errc <- f.Error() }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-tick.C:
+			if r.State() != raft.Shutdown {
+				continue
+			}
+			select {
+			case err := <-errc:
+				return err
+			default:
+				return raft.ErrRaftShutdown
+			}
 		}
 	}
 }

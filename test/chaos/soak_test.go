@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -36,6 +37,35 @@ type soakTotals struct {
 	FailedSubtests []string       `json:"failed"`
 	ByScenario     map[string]int `json:"histories_by_scenario"`
 	Seconds        float64        `json:"seconds"`
+	// MaxHeapMiB and MaxGoroutines are the largest live heap (after a GC)
+	// and goroutine count seen by the minute-by-minute memory log; a leak
+	// shows as growth with the number of clusters run.
+	MaxHeapMiB    uint64 `json:"max_heap_mib"`
+	MaxGoroutines int    `json:"max_goroutines"`
+}
+
+// watchMemory logs the live heap and the goroutine count every interval
+// until stop closes, and keeps their maxima in tot.
+func watchMemory(t *testing.T, tot *soakTotals, interval time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		g := runtime.NumGoroutine()
+		tot.mu.Lock()
+		tot.MaxHeapMiB = max(tot.MaxHeapMiB, ms.HeapAlloc>>20)
+		tot.MaxGoroutines = max(tot.MaxGoroutines, g)
+		done := tot.Clusters
+		tot.mu.Unlock()
+		t.Logf("memory: live heap %d MiB, %d goroutines, %d clusters started", ms.HeapAlloc>>20, g, done)
+	}
 }
 
 func envInt(name string, def int) int {
@@ -62,6 +92,10 @@ func TestSoak(t *testing.T) {
 	tot := &soakTotals{ByScenario: map[string]int{}}
 	start := time.Now()
 	t.Cleanup(func() { reportSoak(t, tot, start) })
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() { defer close(watched); watchMemory(t, tot, time.Minute, stop) }()
+	t.Cleanup(func() { close(stop); <-watched })
 	clusters := (target + phases - 1) / phases
 	allVariants := []variant{{3, false}, {5, false}, {3, true}, {5, true}}
 	for k := 0; k < clusters; k++ {

@@ -3,12 +3,17 @@ package harness
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sort"
+	"testing"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/test/model"
 )
 
 // entryFS is the server's type byte of a file system log entry (the
@@ -61,4 +66,36 @@ func (c *Cluster) DuplicateCommands(w io.Writer) int {
 		found += len(lines)
 	}
 	return found
+}
+
+// convergenceForensics logs every running node's Raft state and saves the
+// stacks of every goroutine in the process: a replica that stops catching
+// up on a healed network is a liveness bug (a replication goroutine stuck
+// in an RPC, a follower's state machine blocked), and the Raft logs are
+// off in long runs.
+func (c *Cluster) convergenceForensics(t testing.TB) {
+	for i := range c.nodes {
+		n := c.Node(i)
+		if n == nil {
+			t.Logf("%s: down", c.nodes[i].id)
+			continue
+		}
+		st := n.Raft().Stats()
+		t.Logf("%s: state=%s term=%s last_log=%s commit=%s applied=%s fsm_pending=%s last_snapshot=%s last_contact=%s",
+			n.ID(), st["state"], st["term"], st["last_log_index"], st["commit_index"], st["applied_index"],
+			st["fsm_pending"], st["last_snapshot_index"], st["last_contact"])
+	}
+	dir, err := model.OutDir(t.Name(), c.opts.Seed)
+	if err != nil {
+		return
+	}
+	p := filepath.Join(dir, "goroutines.txt")
+	f, err := os.Create(p)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if pprof.Lookup("goroutine").WriteTo(f, 2) == nil {
+		t.Logf("every goroutine's stack saved in %s", p)
+	}
 }

@@ -276,14 +276,11 @@ func (c *Cluster) transport(s *slot, tune server.RaftTuning) (*faultnet.Transpor
 	if bind == "" {
 		bind = c.ip + ":0"
 	}
-	var inner *raft.NetworkTransport
+	var stream *streamLayer
 	var err error
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		inner, err = raft.NewTCPTransportWithConfig(bind, nil, &raft.NetworkTransportConfig{
-			MaxPool: tune.TransportPool, MaxRPCsInFlight: tune.MaxRPCsInFlight,
-			Timeout: tune.TransportTimeout, Logger: quietHclog(),
-		})
+		stream, err = listenStream(bind)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -292,6 +289,13 @@ func (c *Cluster) transport(s *slot, tune server.RaftTuning) (*faultnet.Transpor
 	if err != nil {
 		return nil, fmt.Errorf("raft transport on %s: %w", bind, err)
 	}
+	// Over our stream layer, not raft.NewTCPTransport's: closing the
+	// transport must close its connections (see streamLayer).
+	inner := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  stream,
+		MaxPool: tune.TransportPool, MaxRPCsInFlight: tune.MaxRPCsInFlight,
+		Timeout: tune.TransportTimeout, Logger: quietHclog(),
+	})
 	s.raftAddr = string(inner.LocalAddr())
 	return faultnet.WrapTransport(c.Net, raft.ServerID(s.id), inner), nil
 }
@@ -509,6 +513,7 @@ func (c *Cluster) CheckConverged(t testing.TB, paths []string, timeout time.Dura
 		}
 		if time.Now().After(deadline) {
 			t.Errorf("replicas did not converge within %v: %s", timeout, last)
+			c.convergenceForensics(t)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand"
-	"os"
 	"path"
 	"strings"
 	"sync"
@@ -363,21 +362,14 @@ func (w *Worker) invoke(ctx context.Context, in model.Input) (model.Output, erro
 		}
 		return model.Output{Dir: fi.IsDir(), Perm: uint32(fi.Mode().Perm())}, nil
 	case model.KindReadDir:
-		if clientReadDir {
-			return w.clientReadDir(cc, full)
-		}
-		return w.queryReadDir(ctx, full)
+		return w.clientReadDir(cc, full)
 	}
 	return model.Output{}, fmt.Errorf("unknown operation %v", in.Kind)
 }
 
-// clientReadDir makes readdir go through client.ReadDir instead of one
-// ReadDirQuery by path. client.ReadDir resolves the path and lists the
-// inode in two queries, so a concurrent rename over the directory can make
-// it fail with ENOENT (see docs/testing.md); MEMFS_CLIENT_READDIR=1 checks
-// it anyway.
-var clientReadDir = os.Getenv("MEMFS_CLIENT_READDIR") == "1"
-
+// clientReadDir lists a directory with client.ReadDir, which resolves the
+// path and lists it in one query (it once took two, and a concurrent rename
+// over the directory made it fail with ENOENT; see docs/testing.md).
 func (w *Worker) clientReadDir(cc *client.Client, full string) (model.Output, error) {
 	ents, err := cc.ReadDir(full)
 	out := model.Output{}
@@ -389,30 +381,6 @@ func (w *Worker) clientReadDir(cc *client.Client, full string) (model.Output, er
 		out.Names = append(out.Names, name)
 	}
 	return out, err
-}
-
-// queryReadDir lists a directory with one query by path (the groups are
-// small enough for one page).
-func (w *Worker) queryReadDir(ctx context.Context, full string) (model.Output, error) {
-	res, err := w.C.Query(ctx, &pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: &pb.Loc{Path: full}}}})
-	if err != nil {
-		return model.Output{}, err
-	}
-	if !res.GetEof() && res.GetCookie() != "" {
-		return model.Output{}, fmt.Errorf("readdir of %s needs more than one page", full)
-	}
-	out := model.Output{}
-	for _, e := range res.GetEntries() {
-		name := e.GetName()
-		if name == "." || name == ".." {
-			continue
-		}
-		if e.GetMode()&0o170000 == 0o040000 {
-			name += "/"
-		}
-		out.Names = append(out.Names, name)
-	}
-	return out, nil
 }
 
 // closeLater closes a handle a create left open, off the worker's path.
