@@ -6,9 +6,10 @@
 // Raft runs over hashicorp/raft's real TCP transport, wrapped by
 // faultnet.Transport (so faults act on whole RPCs: loss, delay, reordering,
 // duplication, partitions). Clients reach nodes through faultnet.Net.Dial
-// (byte-stream faults: delay, reset, blackhole). Forwarding between nodes
-// (a follower relaying a client's request to the leader over gRPC) is not
-// faulted: the server has no hook for that dialer.
+// (byte-stream faults: delay, reset, blackhole), and so do the nodes'
+// connections to each other's APIs (a follower forwarding a client's
+// request to the leader, block sync during a snapshot restore), through
+// server.Config.PeerDialer.
 //
 // It is test code: nothing outside test/ may import it.
 package harness
@@ -224,6 +225,9 @@ func (c *Cluster) start(i int) error {
 		Bootstrap: i == 0 && s.starts == 0,
 		Transport: trans, Raft: tune,
 		Logger: testLogger(), RaftLogLevel: raftLogLevel(),
+		// Forwarding, status fan-out and block sync between nodes cross
+		// the Net like clients do.
+		PeerDialer: c.Dialer(s.id),
 	}
 	switch c.opts.Storage {
 	case Memory:
