@@ -359,9 +359,22 @@ func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e
 	if err != nil {
 		return nil, errnoOf("readdir", err)
 	}
-	ents = make([]DirEntry, len(des))
-	for i, d := range des {
-		ents[i] = DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
+	// readdir(3) lists "." and ".." first, as tmpfs does; the cluster's
+	// listing leaves them out. The parent's inode costs one lookup; if
+	// it fails (the directory was just removed), ".." names the
+	// directory itself, as it does for the root.
+	parent := ino
+	if ino != RootIno {
+		if pa, err := o.c.Lookup(ctx, ino, ".."); err == nil {
+			parent = pa.GetIno()
+		}
+	}
+	ents = make([]DirEntry, 0, len(des)+2)
+	ents = append(ents,
+		DirEntry{Name: ".", Ino: ino, Mode: syscall.S_IFDIR},
+		DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
+	for _, d := range des {
+		ents = append(ents, DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()})
 	}
 	return ents, 0
 }

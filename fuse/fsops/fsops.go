@@ -124,6 +124,7 @@ type Ops interface {
 	Fsync(ctx context.Context, ino uint64) syscall.Errno
 	Release(ctx context.Context, ino, handle uint64) syscall.Errno
 
+	// ReadDir lists "." and ".." first, then the directory's entries.
 	ReadDir(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)
 	Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (Attr, syscall.Errno)
 	// Rmdir, Unlink and Rename take the caller to enforce the sticky bit
