@@ -248,6 +248,27 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	return a, out, 0
 }
 
+// Mknod implements Ops.
+func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
+	defer guard("mknod", &e)
+	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG {
+		return Attr{}, syscall.EPERM
+	}
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777, c.Uid, c.Gid, false, false)
+	if err != nil {
+		return Attr{}, errnoOf("mknod", err)
+	}
+	if err := o.c.CloseHandle(ctx, h); err != nil {
+		return Attr{}, errnoOf("mknod", err)
+	}
+	if pa != nil {
+		return attrOf(pa), 0
+	}
+	return o.Lookup(ctx, parent, name)
+}
+
 // Read implements Ops.
 func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst []byte) (n int, e syscall.Errno) {
 	defer guard("read", &e)
