@@ -110,6 +110,7 @@ run_all() { # label dir
   t1=$(date +%s.%N)
   R[$label.tar]=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
   rm -rf "$dir/tar"
+  row "$label" >&2 # progress, in case a later target fails
 }
 
 row() { # label
@@ -158,7 +159,7 @@ if want memfs || want client; then
   "$BIN" up --nodes 3 --dir "$work/data" --base-port "$base" --log-store "$LOG_STORE" >"$work/up.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
-  grep -q "is up" "$work/up.log" || { cat "$work/up.log"; exit 1; }
+  grep -q "is up" "$work/up.log" || { cat "$work/up.log" "$work"/data/node*.log 2>/dev/null | tail -50; exit 1; }
 fi
 
 if want memfs; then
