@@ -6,6 +6,7 @@
 #   passthrough_ll  libfuse3's passthrough_ll example over tmpfs (C, libfuse3),
 #   bindfs          bindfs over tmpfs (libfuse2),
 #   gofuse          go-fuse's loopback over tmpfs (fuse/bench/gofuse),
+#   gofuse_pt       the same with FUSE passthrough (the kernel does the I/O),
 #   memfs           a MemoryFS mount of a fresh local 3-node cluster,
 #
 # and `memfs bench` (the client library) against the same cluster, then the
@@ -37,7 +38,7 @@ JOBS=${JOBS:-8}
 TARFILES=${TARFILES:-10000}
 CHANGES=${CHANGES:-300}
 LOG_STORE=${LOG_STORE:-bolt}
-ONLY=${ONLY:-tmpfs passthrough_ll bindfs gofuse memfs client}
+ONLY=${ONLY:-tmpfs passthrough_ll bindfs gofuse gofuse_pt memfs client}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -n "${WORK:-}" ]; then mkdir -p "$WORK"; work=$(mktemp -d "$WORK/run-XXXXXX"); else work=$(mktemp -d /tmp/memfs-fio-XXXXXX); fi
 base=${BASE_PORT:-$((20000 + RANDOM % 20000))}
@@ -147,13 +148,19 @@ if want bindfs; then
   run_all bindfs "$work/bind"; labels+=(bindfs)
 fi
 
-if want gofuse; then
+if want gofuse || want gofuse_pt; then
   (cd "$repo/fuse/bench/gofuse" && go build -o "$work/bin/gofuse-loopback" .)
-  mkdir "$tmpfs/gofuse" "$work/gofuse"
-  "$work/bin/gofuse-loopback" "$tmpfs/gofuse" "$work/gofuse" 2>"$work/gofuse.log" &
-  pids+=($!); mounts+=("$work/gofuse"); waitmount "$work/gofuse"
-  run_all gofuse "$work/gofuse"; labels+=(gofuse)
 fi
+# gofuse: every read and write goes through the Go process (the binding's
+# cost); gofuse_pt: go-fuse hands the kernel the backing file (FUSE
+# passthrough, Linux 6.9+ and root), so data never reaches the process.
+for g in gofuse gofuse_pt; do
+  want $g || continue
+  mkdir "$tmpfs/$g" "$work/$g"
+  "$work/bin/gofuse-loopback" $([ $g = gofuse_pt ] && echo -passthrough) "$tmpfs/$g" "$work/$g" 2>"$work/$g.log" &
+  pids+=($!); mounts+=("$work/$g"); waitmount "$work/$g"
+  run_all $g "$work/$g"; labels+=($g)
+done
 
 if want memfs || want client; then
   "$BIN" up --nodes 3 --dir "$work/data" --base-port "$base" --log-store "$LOG_STORE" >"$work/up.log" 2>&1 &
