@@ -244,6 +244,12 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 			return Attr{}, OpenOut{}, e
 		}
 	}
+	if f&syscall.O_EXCL != 0 {
+		// A file this call made has no xattrs: the kernel's
+		// security.capability check before the first write (see
+		// capMissCache) needs no round trip.
+		o.capMiss.add(a.Ino)
+	}
 	o.register(newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0))
 	return a, out, 0
 }
