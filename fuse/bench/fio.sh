@@ -192,7 +192,14 @@ fi
 
 if want memfs && [ "$CHANGES" -gt 0 ]; then
   echo "# invalidation delay: $(uptime | sed 's/.*load/load/')" >&2
-  (cd "$repo" && go run ./fuse/bench/invaldelay --cluster "$cluster" --mount "$work/mnt" --changes "$CHANGES") >"$work/inval.txt"
+  (cd "$repo" && go build -o "$work/bin/invaldelay" ./fuse/bench/invaldelay)
+  "$work/bin/invaldelay" --cluster "$cluster" --mount "$work/mnt" --changes "$CHANGES" >"$work/inval.txt"
+  # A second mount, on the third node, makes the changes.
+  mkdir "$work/mnt2"
+  "$BIN" --cluster "127.0.0.1:$((base+3))" mount --daemon --log "$work/mount2.log" "$work/mnt2" >/dev/null
+  mounts+=("$work/mnt2")
+  echo >>"$work/inval.txt"
+  "$work/bin/invaldelay" --cluster "$cluster" --mount "$work/mnt" --via "$work/mnt2" --changes "$CHANGES" >>"$work/inval.txt"
 fi
 
 echo
