@@ -25,8 +25,8 @@
 # create job; TARFILES (default 10000) files in the tar; CHANGES (default
 # 300) for the invalidation delay; LOG_STORE (default bolt); BASE_PORT
 # (default random) for the cluster; WORK (default a new /tmp/memfs-fio-*)
-# holds the mounts; ONLY (e.g. "tmpfs memfs") limits the targets; KEEP=1
-# leaves the work dir.
+# holds the mounts; ONLY (e.g. "tmpfs memfs") limits the targets; PHASES
+# (default "fio tar") the jobs run on each; KEEP=1 leaves the work dir.
 set -euo pipefail
 BIN=${1:-$(command -v memfs || true)}
 [ -x "$BIN" ] || { echo "usage: $0 path/to/memfs" >&2; exit 2; }
@@ -39,6 +39,7 @@ TARFILES=${TARFILES:-10000}
 CHANGES=${CHANGES:-300}
 LOG_STORE=${LOG_STORE:-bolt}
 ONLY=${ONLY:-tmpfs passthrough_ll bindfs gofuse gofuse_pt memfs client}
+PHASES=${PHASES:-fio tar}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -n "${WORK:-}" ]; then mkdir -p "$WORK"; work=$(mktemp -d "$WORK/run-XXXXXX"); else work=$(mktemp -d /tmp/memfs-fio-XXXXXX); fi
 base=${BASE_PORT:-$((20000 + RANDOM % 20000))}
@@ -88,11 +89,12 @@ fiojob() { # key dir fio-args...
   fio --name=bench --directory="$dir" --output-format=terse --terse-version=3 --group_reporting "$@" >"$work/fio.out"
   R[$key]=$(awk -F';' '{printf "%s %s %s %s", $7, $8, $48, $49}' "$work/fio.out")
 }
-field() { echo "${R[$1]}" | awk -v f="$2" '{print $f}'; }
+field() { echo "${R[$1]:-}" | awk -v f="$2" '{print $f + 0}'; }
 
 run_all() { # label dir
   local label=$1 dir=$2 t0 t1
   echo "# $label: $(uptime | sed 's/.*load/load/')" >&2
+  if [[ " $PHASES " == *" fio "* ]]; then
   # All four jobs use one file, so the cluster holds SIZE, not 4 x SIZE.
   # fio drops the file's cached pages before each job (invalidate=1).
   fiojob "$label.sw" "$dir" --filename=bench.dat --rw=write --bs=1M --size="$SIZE" --end_fsync=1 --ioengine=psync
@@ -105,24 +107,32 @@ run_all() { # label dir
   fiojob "$label.c1" "$dir/c1" --ioengine=filecreate --nrfiles="$FILES" --filesize=4k --bs=4k --openfiles=1 --create_on_open=1
   fiojob "$label.cn" "$dir/cn" --ioengine=filecreate --nrfiles=$((FILES / JOBS)) --numjobs="$JOBS" --filesize=4k --bs=4k --openfiles=1 --create_on_open=1
   rm -rf "$dir/c1" "$dir/cn"
+  fi
+  R[$label.tar]=-
+  if [[ " $PHASES " == *" tar "* ]]; then
   mkdir "$dir/tar"
   t0=$(date +%s.%N)
   tar -C "$dir/tar" -xf "$tmpfs/tree.tar"
   t1=$(date +%s.%N)
   R[$label.tar]=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
   rm -rf "$dir/tar"
+  fi
   row "$label" >&2 # progress, in case a later target fails
 }
 
 row() { # label
   local l=$1
+  if [ -z "${R[$l.sw]:-}" ]; then
+    printf '| %s | - | - | - | - | - | - | %s |\n' "$l" "${R[$l.tar]}"
+    return
+  fi
   printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |\n' "$l" \
     "$(awk -v k="$(field "$l.sw" 3)" 'BEGIN{print k/1024}')" \
     "$(awk -v k="$(field "$l.sr" 1)" 'BEGIN{print k/1024}')" \
     "$(field "$l.rr" 2)" "$(field "$l.rw" 4)" "$(field "$l.c1" 2)" "$(field "$l.cn" 2)" "${R[$l.tar]}"
 }
 
-echo "# $(date -u +%FT%TZ) $(uname -r), $(nproc) cores, SIZE=$SIZE RUNTIME=${RUNTIME}s FILES=$FILES JOBS=$JOBS TARFILES=$TARFILES log-store=$LOG_STORE" >&2
+echo "# $(date -u +%FT%TZ) $(uname -r), $(nproc) cores, SIZE=$SIZE RUNTIME=${RUNTIME}s FILES=$FILES JOBS=$JOBS TARFILES=$TARFILES log-store=$LOG_STORE phases=$PHASES" >&2
 mktar
 labels=()
 
