@@ -448,3 +448,34 @@ func TestPermissionsAsOtherUser(t *testing.T) {
 	_, err = os.Stat(rootFile)
 	require.NoError(t, err)
 }
+
+// TestMknod checks that mknod makes regular files and refuses the types the
+// cluster cannot hold with EPERM (not EIO, which would hide the cause).
+func TestMknod(t *testing.T) {
+	cl := startCluster(t, 1)
+	m := mountOn(t, cl.APIAddrs(), Options{})
+	for _, tc := range []struct {
+		name string
+		mode uint32
+		want error
+	}{
+		{"reg", syscall.S_IFREG | 0o640, nil},
+		{"fifo", syscall.S_IFIFO | 0o644, syscall.EPERM},
+		{"sock", syscall.S_IFSOCK | 0o644, syscall.EPERM},
+		{"chr", syscall.S_IFCHR | 0o644, syscall.EPERM},
+	} {
+		p := filepath.Join(m.Dir(), tc.name)
+		var err error
+		within(t, time.Minute, "mknod "+tc.name, func() error { err = syscall.Mknod(p, tc.mode, 0); return nil })
+		if tc.want != nil {
+			require.ErrorIs(t, err, tc.want, tc.name)
+			continue
+		}
+		require.NoError(t, err, tc.name)
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(p, &st))
+		require.Equal(t, tc.mode, st.Mode, tc.name)
+		require.Zero(t, st.Size)
+		require.ErrorIs(t, syscall.Mknod(p, tc.mode, 0), syscall.EEXIST)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -32,6 +33,7 @@ var mountFlags struct {
 	readaheadKiB int
 	logFile      string
 	debug        bool
+	cpuProfile   string
 }
 
 var mountCmd = &cobra.Command{
@@ -67,6 +69,7 @@ func init() {
 	f.IntVar(&mountFlags.readaheadKiB, "readahead-kb", fuse.DefaultReadaheadKiB, "kernel readahead window in KiB (needs root; -1 leaves the kernel default)")
 	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
+	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
 	upCmd.Flags().StringVar(&upMountDir, "mount", "", "also mount the cluster on this directory (FUSE)")
@@ -107,6 +110,13 @@ func runMount(cmd *cobra.Command, args []string) error {
 		return err
 	}
 	defer c.Close()
+	if mountFlags.cpuProfile != "" {
+		stopProfile, err := startCPUProfile(mountFlags.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
 	slog.Info("mounted", "dir", m.Dir(), "cluster", clusterFlag)
 	if os.Getenv(mountChildEnv) == "" {
 		fmt.Fprintf(cmd.ErrOrStderr(), "memfs: cluster mounted on %s; Ctrl-C or \"fusermount3 -u %s\" unmounts\n", m.Dir(), m.Dir())
@@ -125,6 +135,23 @@ func runMount(cmd *cobra.Command, args []string) error {
 	}
 	slog.Info("unmounted", "dir", m.Dir())
 	return nil
+}
+
+// startCPUProfile profiles this process into path until the returned
+// function is called (for finding where a mount's time goes).
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // mountCluster connects to --cluster and mounts it on dir.

@@ -71,6 +71,7 @@ var (
 	_ fs.NodeCreater         = node{}
 	_ fs.NodeOpener          = node{}
 	_ fs.NodeMkdirer         = node{}
+	_ fs.NodeMknoder         = node{}
 	_ fs.NodeRemover         = node{}
 	_ fs.NodeRenamer         = node{}
 	_ fs.NodeSymlinker       = node{}
@@ -281,6 +282,25 @@ func unixPerm(m os.FileMode) uint32 {
 		p |= syscall.S_ISVTX
 	}
 	return p
+}
+
+// fileType turns the type part of an os.FileMode into S_IFMT bits.
+func fileType(m os.FileMode) uint32 {
+	switch {
+	case m&os.ModeDir != 0:
+		return syscall.S_IFDIR
+	case m&os.ModeSymlink != 0:
+		return syscall.S_IFLNK
+	case m&os.ModeNamedPipe != 0:
+		return syscall.S_IFIFO
+	case m&os.ModeSocket != 0:
+		return syscall.S_IFSOCK
+	case m&os.ModeCharDevice != 0:
+		return syscall.S_IFCHR
+	case m&os.ModeDevice != 0:
+		return syscall.S_IFBLK
+	}
+	return syscall.S_IFREG
 }
 
 // direntType maps st_mode type bits to a readdir d_type.

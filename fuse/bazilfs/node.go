@@ -126,6 +126,16 @@ func (n node) Mkdir(ctx context.Context, req *fuse.MkdirRequest) (fs.Node, error
 	return n.fs.newNode(at), nil
 }
 
+// Mknod implements fs.NodeMknoder.
+func (n node) Mknod(ctx context.Context, req *fuse.MknodRequest) (fs.Node, error) {
+	mode := unixPerm(req.Mode) | fileType(req.Mode)
+	at, e := n.fs.ops.Mknod(ctx, n.ino, req.Name, mode, caller(&req.Header))
+	if e != 0 {
+		return nil, e
+	}
+	return n.fs.newNode(at), nil
+}
+
 // Remove implements fs.NodeRemover (unlink and rmdir).
 func (n node) Remove(ctx context.Context, req *fuse.RemoveRequest) error {
 	if req.Dir {

@@ -244,8 +244,35 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 			return Attr{}, OpenOut{}, e
 		}
 	}
+	if f&syscall.O_EXCL != 0 {
+		// A file this call made has no xattrs: the kernel's
+		// security.capability check before the first write (see
+		// capMissCache) needs no round trip.
+		o.capMiss.add(a.Ino)
+	}
 	o.register(newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0))
 	return a, out, 0
+}
+
+// Mknod implements Ops.
+func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
+	defer guard("mknod", &e)
+	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG {
+		return Attr{}, syscall.EPERM
+	}
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777, c.Uid, c.Gid, false, false)
+	if err != nil {
+		return Attr{}, errnoOf("mknod", err)
+	}
+	if err := o.c.CloseHandle(ctx, h); err != nil {
+		return Attr{}, errnoOf("mknod", err)
+	}
+	if pa != nil {
+		return attrOf(pa), 0
+	}
+	return o.Lookup(ctx, parent, name)
 }
 
 // Read implements Ops.
@@ -359,9 +386,22 @@ func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e
 	if err != nil {
 		return nil, errnoOf("readdir", err)
 	}
-	ents = make([]DirEntry, len(des))
-	for i, d := range des {
-		ents[i] = DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
+	// readdir(3) lists "." and ".." first, as tmpfs does; the cluster's
+	// listing leaves them out. The parent's inode costs one lookup; if
+	// it fails (the directory was just removed), ".." names the
+	// directory itself, as it does for the root.
+	parent := ino
+	if ino != RootIno {
+		if pa, err := o.c.Lookup(ctx, ino, ".."); err == nil {
+			parent = pa.GetIno()
+		}
+	}
+	ents = make([]DirEntry, 0, len(des)+2)
+	ents = append(ents,
+		DirEntry{Name: ".", Ino: ino, Mode: syscall.S_IFDIR},
+		DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
+	for _, d := range des {
+		ents = append(ents, DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()})
 	}
 	return ents, 0
 }

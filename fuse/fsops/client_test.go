@@ -156,6 +156,35 @@ func TestACLXattrsRefused(t *testing.T) {
 	require.Equal(t, []byte{1, 2, 3}, v)
 }
 
+// TestExclusiveCreateKnowsNoCapability checks that a file made with
+// O_EXCL is known to have no security.capability, so the kernel's check
+// before its first write costs no query: a capability another client sets
+// within the cache's lifetime is not seen (the accepted staleness), while
+// one set through this mount is.
+func TestExclusiveCreateKnowsNoCapability(t *testing.T) {
+	ops, c := newOps(t, Options{})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		flags int
+		want  syscall.Errno // GetXattr after another client set the capability
+	}{
+		{"excl", syscall.O_WRONLY | syscall.O_EXCL, syscall.ENODATA},
+		{"plain", syscall.O_WRONLY, 0},
+	} {
+		a, out, e := ops.Create(ctx, RootIno, tc.name, tc.flags, 0o644, root)
+		require.Zero(t, e)
+		require.NoError(t, c.Setxattr("/"+tc.name, capXattr, []byte{9}, 0))
+		_, e = ops.GetXattr(ctx, a.Ino, capXattr)
+		require.Equal(t, tc.want, e, tc.name)
+		require.Zero(t, ops.SetXattr(ctx, a.Ino, capXattr, []byte{1}, 0))
+		v, e := ops.GetXattr(ctx, a.Ino, capXattr)
+		require.Zero(t, e)
+		require.Equal(t, []byte{1}, v)
+		require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	}
+}
+
 // TestStickyDirectory checks the restricted deletion flag, which fsops
 // enforces because the kernel never sees it.
 func TestStickyDirectory(t *testing.T) {

@@ -124,7 +124,13 @@ type Ops interface {
 	Fsync(ctx context.Context, ino uint64) syscall.Errno
 	Release(ctx context.Context, ino, handle uint64) syscall.Errno
 
+	// ReadDir lists "." and ".." first, then the directory's entries.
 	ReadDir(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)
+	// Mknod makes a regular file (mode carries S_IFREG or no type bits);
+	// the cluster has no device, FIFO or socket inodes, so any other type
+	// is EPERM, what mknod(2) answers when a file system does not support
+	// the type.
+	Mknod(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (Attr, syscall.Errno)
 	Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (Attr, syscall.Errno)
 	// Rmdir, Unlink and Rename take the caller to enforce the sticky bit
 	// (see ClientOps.sticky).

@@ -99,6 +99,8 @@ func dirs(r *Rec) {
 	r.Stat("d")
 	r.Stat("d/e")
 	r.ReadDir("d")
+	r.DotEntries("d")
+	r.DotEntries("d/e")
 	r.Rmdir("d")
 	r.Rmdir("d/f")
 	r.Unlink("d/e")

@@ -386,3 +386,52 @@ func (r *Rec) Listxattr(name string) {
 func (r *Rec) Removexattr(name, attr string) {
 	r.rec(fmt.Sprintf("removexattr %s %s", name, attr), "", syscall.Removexattr(r.p(name), attr))
 }
+
+// DotEntries records whether the raw listing of directory name (getdents64,
+// which os.ReadDir filters) has "." naming the directory itself and ".."
+// naming its parent.
+func (r *Rec) DotEntries(name string) {
+	res, err := func() (string, error) {
+		var self, parent syscall.Stat_t
+		if err := syscall.Stat(r.p(name), &self); err != nil {
+			return "", err
+		}
+		if err := syscall.Stat(filepath.Dir(r.p(name)), &parent); err != nil {
+			return "", err
+		}
+		fd, err := syscall.Open(r.p(name), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return "", err
+		}
+		defer syscall.Close(fd)
+		inos := map[string]uint64{}
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := syscall.Getdents(fd, buf)
+			if err != nil {
+				return "", err
+			}
+			if n == 0 {
+				break
+			}
+			for off := 0; off < n; {
+				// struct linux_dirent64: ino u64, off s64, reclen u16,
+				// type u8, name NUL-terminated.
+				b := buf[off:n]
+				reclen := int(b[16]) | int(b[17])<<8
+				nm := b[19:reclen]
+				if i := strings.IndexByte(string(nm), 0); i >= 0 {
+					nm = nm[:i]
+				}
+				inos[string(nm)] = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+					uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+				off += reclen
+			}
+		}
+		dot, okDot := inos["."]
+		dotdot, okDotDot := inos[".."]
+		return fmt.Sprintf(". listed=%v self=%v, .. listed=%v parent=%v",
+			okDot, dot == self.Ino, okDotDot, dotdot == parent.Ino), nil
+	}()
+	r.rec("dot entries "+name, res, err)
+}
