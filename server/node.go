@@ -43,6 +43,7 @@ type Node struct {
 	ready    *leaderReady
 	peers    *peers
 	watchers *watchers
+	gate     *voteGate // set while an ephemeral node that rejoined empty catches up
 	sync     *blockSync
 	metrics  *metrics
 	traffic  traffic
@@ -110,6 +111,10 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("inspect raft state: %w", err)
 	}
+	if n.cfg.Ephemeral && !hasState && len(n.cfg.Join) > 0 {
+		n.gate = newVoteGate(n.trans, n.cfg.ID)
+		n.trans = n.gate
+	}
 	if err := n.startRaft(hasState); err != nil {
 		return err
 	}
@@ -122,7 +127,12 @@ func (n *Node) start(ctx context.Context) error {
 	n.log.Info("node started", "raft_addr", n.raftAddr, "api_addr", n.apiAddr,
 		"unix", n.cfg.UnixSocket, "existing_state", hasState, "log_store", n.logStoreName())
 	if !hasState && len(n.cfg.Join) > 0 {
-		return n.join(ctx)
+		if err := n.join(ctx); err != nil {
+			return err
+		}
+		if g := n.gate; g != nil {
+			n.goBackground(func() { n.openWhenCaughtUp(g) })
+		}
 	}
 	return nil
 }
@@ -340,6 +350,9 @@ func (n *Node) teardown(graceful bool) error {
 	n.wg.Wait()
 	n.peers.close()
 	n.watchers.closeAll()
+	if n.gate != nil {
+		n.gate.halt()
+	}
 	if n.ownTrans != nil {
 		errs = append(errs, n.ownTrans.Close())
 	}
