@@ -162,14 +162,7 @@ func (failingSource) Blocks(context.Context, []fsm.BlockWant) (map[block.Hash][]
 
 // FuzzScanBlocks: arbitrary bytes never panic the scanner.
 func FuzzScanBlocks(f *testing.F) {
-	for _, seed := range []uint64{11, 13} {
-		m, err := fsm.New(fsm.Config{ChunkSize: cs})
-		if err != nil {
-			f.Fatal(err)
-		}
-		for i, e := range genLog(seed, 25) {
-			m.Apply(uint64(i+1), e)
-		}
+	for _, m := range seedFSMs(f) {
 		var buf bytes.Buffer
 		if _, err := m.Snapshot().WriteExternal(&buf, newMemBlocks()); err != nil {
 			f.Fatal(err)
@@ -186,14 +179,7 @@ func FuzzScanBlocks(f *testing.F) {
 // accepted stream writes back identically.
 func FuzzRestoreExternal(f *testing.F) {
 	src := newMemBlocks()
-	for _, seed := range []uint64{11, 13} {
-		m, err := fsm.New(fsm.Config{ChunkSize: cs})
-		if err != nil {
-			f.Fatal(err)
-		}
-		for i, e := range genLog(seed, 25) {
-			m.Apply(uint64(i+1), e)
-		}
+	for _, m := range seedFSMs(f) {
 		var buf bytes.Buffer
 		if _, err := m.Snapshot().WriteExternal(&buf, src); err != nil {
 			f.Fatal(err)

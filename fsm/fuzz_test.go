@@ -61,7 +61,9 @@ func FuzzApplyBytes(f *testing.F) {
 // FuzzRestore feeds arbitrary bytes as a snapshot: it must never panic, a
 // refused snapshot must leave the state alone, and an accepted one must
 // write back identically.
-func FuzzRestore(f *testing.F) {
+// seedFSMs are the states the snapshot fuzzers start their corpus from.
+func seedFSMs(f *testing.F) []*fsm.FSM {
+	var out []*fsm.FSM
 	for _, seed := range []uint64{11, 13} {
 		m, err := fsm.New(fsm.Config{ChunkSize: cs})
 		if err != nil {
@@ -70,6 +72,13 @@ func FuzzRestore(f *testing.F) {
 		for i, e := range genLog(seed, 25) {
 			m.Apply(uint64(i+1), e)
 		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func FuzzRestore(f *testing.F) {
+	for _, m := range seedFSMs(f) {
 		var buf bytes.Buffer
 		if _, err := m.Snapshot().WriteTo(&buf); err != nil {
 			f.Fatal(err)

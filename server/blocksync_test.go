@@ -59,13 +59,21 @@ func writeChunks(s *session, path string, off int64, data []byte) {
 	}
 }
 
-func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
+// fileCluster starts three nodes that snapshot only when asked and writes
+// chunks unique chunks (seed) to path through the leader.
+func fileCluster(t *testing.T, path string, chunks int, seed uint64) (*Cluster, *Node, *session, []byte) {
+	t.Helper()
 	c := StartCluster(t, 3, manualSnapshots())
 	leader := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(leader.APIAddr()))
-	s.create("/big")
-	writeChunks(s, "/big", 0, uniqueBytes(64*chunk, 1))
+	s.create(path)
+	data := uniqueBytes(chunks*chunk, seed)
+	writeChunks(s, path, 0, data)
+	return c, leader, s, data
+}
 
+func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
+	_, leader, s, _ := fileCluster(t, "/big", 64, 1)
 	snapshotNow(t, leader)
 	dir := leader.sync.dir
 	first := dir.Stats().Written
@@ -89,12 +97,7 @@ func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
 }
 
 func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
-	c := StartCluster(t, 3, manualSnapshots())
-	leader := c.WaitLeader(10 * time.Second)
-	s := openSession(t, c.Client(leader.APIAddr()))
-	s.create("/big")
-	data := uniqueBytes(64*chunk, 4)
-	writeChunks(s, "/big", 0, data)
+	c, leader, s, data := fileCluster(t, "/big", 64, 4)
 	f := follower(c, leader, 0)
 	lag := c.Index(f)
 	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
@@ -124,12 +127,7 @@ func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
 }
 
 func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
-	c := StartCluster(t, 3, manualSnapshots())
-	leader := c.WaitLeader(10 * time.Second)
-	s := openSession(t, c.Client(leader.APIAddr()))
-	s.create("/f")
-	data := uniqueBytes(8*chunk, 6)
-	writeChunks(s, "/f", 0, data)
+	c, leader, _, data := fileCluster(t, "/f", 8, 6)
 	f := follower(c, leader, 0)
 	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
 	snapshotNow(t, f)
@@ -158,12 +156,7 @@ func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
 }
 
 func TestWholeClusterRestartsFromIncrementalChain(t *testing.T) {
-	c := StartCluster(t, 3, manualSnapshots())
-	leader := c.WaitLeader(10 * time.Second)
-	s := openSession(t, c.Client(leader.APIAddr()))
-	s.create("/f")
-	want := uniqueBytes(16*chunk, 7)
-	writeChunks(s, "/f", 0, want)
+	c, leader, s, want := fileCluster(t, "/f", 16, 7)
 	for _, n := range c.Nodes() {
 		snapshotNow(t, n)
 	}
