@@ -33,15 +33,17 @@ type applyOutcome struct {
 // batcher coalesces concurrent commands into one pb.Entry per Raft log
 // entry. It does not wait to fill a batch: it takes whatever is queued when
 // an in-flight slot frees up, so batches grow with load (group commit) and a
-// lone command goes out at once.
+// lone command goes out at once. Entries that start with a large command
+// have slots of their own (see run).
 type batcher struct {
-	raft    *raft.Raft
+	apply   func(cmd []byte, timeout time.Duration) raft.ApplyFuture // raft.Apply; tests swap it
 	clock   func() time.Time
 	tuning  RaftTuning
 	metrics *metrics
 
 	in    chan *applyReq
 	slots chan struct{} // one token per entry in flight
+	large chan struct{} // one token per large entry in flight
 	stop  chan struct{}
 	done  chan struct{}
 
@@ -57,9 +59,10 @@ func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics, 
 		memoryLimit = fsm.NoMemoryLimit
 	}
 	b := &batcher{
-		raft: r, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
+		apply: r.Apply, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
 		in:    make(chan *applyReq, 4*t.MaxBatchCommands),
 		slots: make(chan struct{}, t.MaxInflightApplies),
+		large: make(chan struct{}, t.MaxInflightLargeApplies),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -105,22 +108,31 @@ func (b *batcher) run() {
 	defer close(b.done)
 	var carry *applyReq
 	for {
-		select {
-		case b.slots <- struct{}{}:
-		case <-b.stop:
-			b.failQueued(carry)
-			return
-		}
 		first := carry
 		carry = nil
 		if first == nil {
 			select {
 			case first = <-b.in:
 			case <-b.stop:
-				<-b.slots
 				b.failQueued(nil)
 				return
 			}
+		}
+		// A large command (a big write) takes one of the large slots:
+		// batching cannot share its cost, which is its bytes, and the log
+		// stores write several large entries per disk write only if several
+		// are queued in Raft, as in the raw ceiling (docs/operations.md,
+		// "Command batching"). Small commands keep their few slots, so
+		// that they queue here and form batches.
+		slots := b.slots
+		if first.size >= b.tuning.LargeEntryBytes {
+			slots = b.large
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-b.stop:
+			b.failQueued(first)
+			return
 		}
 		batch, size := []*applyReq{first}, first.size
 	drain:
@@ -137,13 +149,13 @@ func (b *batcher) run() {
 				break drain
 			}
 		}
-		b.send(batch)
+		b.send(batch, func() { <-slots })
 	}
 }
 
 // send encodes batch as one entry and hands it to Raft; a goroutine waits
-// for the commit and frees the slot.
-func (b *batcher) send(batch []*applyReq) {
+// for the commit and then calls release to free the entry's slot.
+func (b *batcher) send(batch []*applyReq, release func()) {
 	now := b.clock().UnixNano()
 	if now <= b.lastTime {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
@@ -157,14 +169,14 @@ func (b *batcher) send(batch []*applyReq) {
 	data, err := proto.MarshalOptions{}.MarshalAppend([]byte{entryFS}, entry)
 	if err != nil {
 		b.finish(batch, fmt.Errorf("encode entry: %w", err))
-		<-b.slots
+		release()
 		return
 	}
 	b.metrics.batchCommands.Observe(float64(len(batch)))
 	b.metrics.batchBytes.Observe(float64(len(data)))
-	f := b.raft.Apply(data, 0)
+	f := b.apply(data, 0)
 	go func() {
-		defer func() { <-b.slots }()
+		defer release()
 		if err := futureError(f, b.stop); err != nil {
 			b.finish(batch, err)
 			return

@@ -150,6 +150,12 @@ type RaftTuning struct {
 	// MaxBatchCommands and MaxBatchBytes cap one batched entry.
 	MaxBatchCommands int
 	MaxBatchBytes    int
+	// An entry of at least LargeEntryBytes (a big write) takes one of
+	// MaxInflightLargeApplies slots instead: its cost is its bytes, which
+	// batching cannot share, and the log stores write many of them in one
+	// go only if many are queued (docs/operations.md).
+	MaxInflightLargeApplies int
+	LargeEntryBytes         int
 
 	// MaxRPCsInFlight pipelines AppendEntries to each follower when 2 or
 	// more. The default, 1, turns pipelining off: hashicorp/raft v1.8.0's
@@ -166,22 +172,24 @@ type RaftTuning struct {
 // DefaultRaftTuning returns the LAN defaults.
 func DefaultRaftTuning() RaftTuning {
 	return RaftTuning{
-		HeartbeatTimeout:   400 * time.Millisecond,
-		ElectionTimeout:    400 * time.Millisecond,
-		LeaderLeaseTimeout: 400 * time.Millisecond,
-		CommitTimeout:      20 * time.Millisecond,
-		MaxAppendEntries:   64,
-		SnapshotThreshold:  2048,
-		TrailingLogs:       512,
-		SnapshotInterval:   20 * time.Second,
-		SnapshotRetain:     2,
-		MaxInflightApplies: 4,
-		MaxBatchCommands:   256,
-		MaxBatchBytes:      4 << 20,
-		MaxRPCsInFlight:    1,
-		TransportTimeout:   10 * time.Second,
-		TransportPool:      3,
-		LogCacheSize:       64,
+		HeartbeatTimeout:        400 * time.Millisecond,
+		ElectionTimeout:         400 * time.Millisecond,
+		LeaderLeaseTimeout:      400 * time.Millisecond,
+		CommitTimeout:           20 * time.Millisecond,
+		MaxAppendEntries:        64,
+		SnapshotThreshold:       2048,
+		TrailingLogs:            512,
+		SnapshotInterval:        20 * time.Second,
+		SnapshotRetain:          2,
+		MaxInflightApplies:      4,
+		MaxBatchCommands:        256,
+		MaxBatchBytes:           4 << 20,
+		MaxInflightLargeApplies: 16,
+		LargeEntryBytes:         256 << 10,
+		MaxRPCsInFlight:         1,
+		TransportTimeout:        10 * time.Second,
+		TransportPool:           3,
+		LogCacheSize:            64,
 	}
 }
 
@@ -215,6 +223,8 @@ func (t RaftTuning) withDefaults() RaftTuning {
 	setInt(&t.MaxInflightApplies, d.MaxInflightApplies)
 	setInt(&t.MaxBatchCommands, d.MaxBatchCommands)
 	setInt(&t.MaxBatchBytes, d.MaxBatchBytes)
+	setInt(&t.MaxInflightLargeApplies, d.MaxInflightLargeApplies)
+	setInt(&t.LargeEntryBytes, d.LargeEntryBytes)
 	setInt(&t.MaxRPCsInFlight, d.MaxRPCsInFlight)
 	setDur(&t.TransportTimeout, d.TransportTimeout)
 	setInt(&t.TransportPool, d.TransportPool)
@@ -271,6 +281,9 @@ func (c *Config) check() error {
 	}
 	if t.LeaderLeaseTimeout > t.HeartbeatTimeout {
 		errs = append(errs, errors.New("leader lease timeout must not exceed the heartbeat timeout"))
+	}
+	if t.MaxInflightApplies < 0 || t.MaxInflightLargeApplies < 0 {
+		errs = append(errs, errors.New("in-flight applies must not be negative"))
 	}
 	return errors.Join(errs...)
 }

@@ -123,8 +123,8 @@ func BenchmarkWireDedup(b *testing.B) {
 	}
 }
 
-// benchCreates creates 4 KiB files: open(O_CREAT), write, close — three
-// commands per file, as a client without compound commands does.
+// benchCreates creates 4 KiB files the way client.WriteFile does: one
+// command (write with create and truncate) per file, one commit round.
 func benchCreates(b *testing.B, store string, procs int) {
 	_, cli := benchCluster(b, store)
 	data := pattern(4096, 3)
@@ -143,14 +143,13 @@ func benchCreates(b *testing.B, store string, procs int) {
 				if i > int64(b.N) {
 					return
 				}
-				res := s.apply(&pb.Command{Op: &pb.Command_Open{Open: &pb.OpenCmd{
-					Loc: &pb.Loc{Path: fmt.Sprintf("/c%d-%d", w, i)}, Flags: oCreat | oWronly, Mode: 0o644}}})
+				res := s.apply(&pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
+					Loc: &pb.Loc{Path: fmt.Sprintf("/c%d-%d", w, i)}, Data: data,
+					Create: true, Truncate: true, Mode: 0o644}}})
 				if res.Errno != 0 {
 					b.Error(res.Message)
 					return
 				}
-				s.apply(&pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{Handle: res.Handle, Data: data}}})
-				s.apply(&pb.Command{Op: &pb.Command_Close{Close: &pb.CloseCmd{Handle: res.Handle}}})
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -64,7 +65,7 @@ func init() {
 	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
-	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
+	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and Go profiles at /debug/pprof/")
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
@@ -77,6 +78,7 @@ func init() {
 	f.Uint64Var(&t.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept behind a snapshot (< snapshot threshold)")
 	f.DurationVar(&t.SnapshotInterval, "snapshot-interval", d.SnapshotInterval, "how often to check the snapshot threshold")
 	f.IntVar(&t.MaxInflightApplies, "max-inflight-applies", d.MaxInflightApplies, "batched log entries the leader keeps in flight")
+	f.IntVar(&t.MaxInflightLargeApplies, "max-inflight-large-applies", d.MaxInflightLargeApplies, "large log entries (big writes) the leader keeps in flight")
 	f.IntVar(&t.MaxAppendEntries, "max-append-entries", d.MaxAppendEntries, "log entries per AppendEntries RPC and per leader disk write")
 	rootCmd.AddCommand(serverCmd)
 }
@@ -172,6 +174,11 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Profiles of a running node (docs/benchmarks.md profiles real node
+	// processes this way); the metrics address is an operator's port.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
