@@ -80,6 +80,7 @@ func init() {
 	f.IntVar(&t.MaxInflightApplies, "max-inflight-applies", d.MaxInflightApplies, "batched log entries the leader keeps in flight")
 	f.IntVar(&t.MaxInflightLargeApplies, "max-inflight-large-applies", d.MaxInflightLargeApplies, "large log entries (big writes) the leader keeps in flight")
 	f.IntVar(&t.MaxAppendEntries, "max-append-entries", d.MaxAppendEntries, "log entries per AppendEntries RPC and per leader disk write")
+	f.IntVar(&t.MaxRPCsInFlight, "max-rpcs-in-flight", d.MaxRPCsInFlight, "AppendEntries in flight per follower; 2 or more pipelines them (hashicorp/raft's pipeline can deadlock: docs/operations.md)")
 	rootCmd.AddCommand(serverCmd)
 }
 
