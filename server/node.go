@@ -43,7 +43,7 @@ type Node struct {
 	ready    *leaderReady
 	peers    *peers
 	watchers *watchers
-	gate     *voteGate // set while an ephemeral node that rejoined empty catches up
+	gate     *voteGate // wraps the Raft transport (see votegate.go)
 	sync     *blockSync
 	metrics  *metrics
 	traffic  traffic
@@ -111,10 +111,10 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("inspect raft state: %w", err)
 	}
-	if n.cfg.Ephemeral && !hasState && len(n.cfg.Join) > 0 {
-		n.gate = newVoteGate(n.trans, n.cfg.ID)
-		n.trans = n.gate
-	}
+	// An ephemeral node that starts empty and joins may be an old member
+	// back with amnesia: it stays out of elections until caught up.
+	n.gate = newVoteGate(n.trans, n.cfg.ID, n.cfg.Ephemeral && !hasState && len(n.cfg.Join) > 0)
+	n.trans = n.gate
 	if err := n.startRaft(hasState); err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func (n *Node) start(ctx context.Context) error {
 		if err := n.join(ctx); err != nil {
 			return err
 		}
-		if g := n.gate; g != nil {
+		if g := n.gate; g.gated {
 			n.goBackground(func() { n.openWhenCaughtUp(g) })
 		}
 	}
@@ -351,6 +351,7 @@ func (n *Node) teardown(graceful bool) error {
 	n.peers.close()
 	n.watchers.closeAll()
 	if n.gate != nil {
+		n.gate.stopHeartbeats() // before the stores close: see votegate.go
 		n.gate.halt()
 	}
 	if n.ownTrans != nil {

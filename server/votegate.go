@@ -12,8 +12,19 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 )
 
-// voteGate keeps a node that has forgotten its Raft state out of
-// elections until it has caught up.
+// voteGate is the node's wrapper around its Raft transport. It does two
+// things.
+//
+// It keeps heartbeats away from a stopped node: hashicorp/raft runs the
+// heartbeat fast path on the transport's goroutine, outside the waits of
+// Raft.Shutdown, and a heartbeat that passed its shutdown check can still
+// write the term to the stable store after the node has closed it (raft
+// then panics: "failed to save current term: database not open", seen in
+// a soak). stopHeartbeats waits for heartbeats in progress and refuses
+// later ones.
+//
+// And, for a node created gated, it keeps a node that has forgotten its
+// Raft state out of elections until it has caught up.
 //
 // An --ephemeral node that crashes comes back empty under the same id, and
 // the cluster still counts it as a voter. Raft's safety rests on votes and
@@ -28,23 +39,61 @@ import (
 // rejoined.
 type voteGate struct {
 	raft.Transport
-	id   raft.ServerID
-	open atomic.Bool
-	out  chan raft.RPC
-	stop chan struct{}
-	once sync.Once
+	id    raft.ServerID
+	gated bool // votes pass only once open
+	open  atomic.Bool
+	out   chan raft.RPC
+	stop  chan struct{}
+	once  sync.Once
+
+	hbMu      sync.RWMutex
+	hbStopped bool // guarded by hbMu
 }
 
 var errVoteGated = errors.New("node is catching up after losing its state: it does not vote yet")
 
-func newVoteGate(t raft.Transport, id string) *voteGate {
-	g := &voteGate{Transport: t, id: raft.ServerID(id), out: make(chan raft.RPC), stop: make(chan struct{})}
-	go g.run()
+func newVoteGate(t raft.Transport, id string, gated bool) *voteGate {
+	g := &voteGate{Transport: t, id: raft.ServerID(id), gated: gated, out: make(chan raft.RPC), stop: make(chan struct{})}
+	g.open.Store(!gated)
+	if gated {
+		go g.run()
+	}
 	return g
 }
 
 // Consumer is what Raft reads incoming RPCs from.
-func (g *voteGate) Consumer() <-chan raft.RPC { return g.out }
+func (g *voteGate) Consumer() <-chan raft.RPC {
+	if !g.gated {
+		return g.Transport.Consumer()
+	}
+	return g.out
+}
+
+// SetHeartbeatHandler installs Raft's heartbeat fast path behind the
+// stop guard.
+func (g *voteGate) SetHeartbeatHandler(cb func(raft.RPC)) {
+	if cb == nil {
+		g.Transport.SetHeartbeatHandler(nil)
+		return
+	}
+	g.Transport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		g.hbMu.RLock()
+		defer g.hbMu.RUnlock()
+		if g.hbStopped {
+			rpc.Respond(nil, raft.ErrRaftShutdown)
+			return
+		}
+		cb(rpc)
+	})
+}
+
+// stopHeartbeats returns once no heartbeat is being handled; later ones
+// are refused.
+func (g *voteGate) stopHeartbeats() {
+	g.hbMu.Lock()
+	g.hbStopped = true
+	g.hbMu.Unlock()
+}
 
 func (g *voteGate) run() {
 	in := g.Transport.Consumer()

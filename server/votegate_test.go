@@ -13,7 +13,7 @@ func TestVoteGateKeepsAnAmnesiacNodeOutOfElections(t *testing.T) {
 	addrB, b := raft.NewInmemTransport("")
 	a.Connect(addrB, b)
 	b.Connect(addrA, a)
-	g := newVoteGate(b, "b")
+	g := newVoteGate(b, "b", true)
 	t.Cleanup(func() { g.Close(); a.Close() })
 
 	// Raft on b would read g.Consumer(); the test plays it.
@@ -68,7 +68,30 @@ func TestEphemeralNodeRejoinsAndVotesOnceCaughtUp(t *testing.T) {
 	c.Kill(i)
 	s.mkdir("/while-away")
 	n := c.Restart(i)
-	require.NotNil(t, n.gate, "an ephemeral node that rejoins empty starts gated")
+	require.True(t, n.gate.gated, "an ephemeral node that rejoins empty starts gated")
 	require.Eventually(t, n.gate.open.Load, 30*time.Second, 20*time.Millisecond)
 	require.GreaterOrEqual(t, n.AppliedIndex(), leader.raft.CommitIndex()-2)
+}
+
+func TestHeartbeatsStopBeforeStoresClose(t *testing.T) {
+	a, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 5*time.Second, nil)
+	require.NoError(t, err)
+	b, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 5*time.Second, nil)
+	require.NoError(t, err)
+	g := newVoteGate(b, "b", false)
+	t.Cleanup(func() { g.Close(); a.Close() })
+	require.Equal(t, b.Consumer(), g.Consumer(), "an ungated node reads the transport directly")
+
+	calls := 0
+	g.SetHeartbeatHandler(func(rpc raft.RPC) {
+		calls++
+		rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+	})
+	heartbeat := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("a"), Addr: []byte(a.LocalAddr())}, Term: 1}
+	var resp raft.AppendEntriesResponse
+	require.NoError(t, a.AppendEntries("b", b.LocalAddr(), heartbeat, &resp))
+	require.True(t, resp.Success)
+	g.stopHeartbeats()
+	require.Error(t, a.AppendEntries("b", b.LocalAddr(), heartbeat, &resp), "a stopped node refuses heartbeats")
+	require.Equal(t, 1, calls)
 }
