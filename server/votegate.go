@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,11 +178,18 @@ func (n *Node) openWhenCaughtUp(g *voteGate) {
 	n.log.Info("caught up after losing state: voting again", "index", target)
 }
 
-// clusterCommitIndex asks the members for their commit indexes and returns
-// the highest (0 when none answered).
+// clusterCommitIndex asks the members (the --join addresses and the API
+// addresses the replicated member map names) for their commit indexes and
+// returns the highest (0 when none answered).
 func (n *Node) clusterCommitIndex() uint64 {
+	addrs := slices.Clone(n.cfg.Join)
+	for id, a := range n.Members() {
+		if id != n.cfg.ID && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
 	var best uint64
-	for _, addr := range n.cfg.Join {
+	for _, addr := range addrs {
 		cli, err := n.peers.client(addr)
 		if err != nil {
 			continue
