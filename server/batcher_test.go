@@ -89,12 +89,8 @@ func mkdirCmd(i int) *pb.Command {
 
 // Large entries have their own in-flight slots: with the small slots all
 // taken, big writes still go to Raft up to their own limit.
-func TestBatcherLargeEntriesHaveTheirOwnSlots(t *testing.T) {
-	tun := DefaultRaftTuning()
-	tun.MaxInflightApplies = 2
-	tun.MaxInflightLargeApplies = 3
-	tun.LargeEntryBytes = 64 << 10
-	tun.MaxBatchBytes = 100 << 10 // one large write per entry
+// heldBatcher starts a batcher with tuning tun over a heldRaft.
+func heldBatcher(tun RaftTuning) (*heldRaft, *batcher) {
 	h := &heldRaft{added: make(chan struct{}, 100)}
 	b := &batcher{
 		apply: h.apply, clock: time.Now, tuning: tun, metrics: newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, &traffic{}),
@@ -106,6 +102,16 @@ func TestBatcherLargeEntriesHaveTheirOwnSlots(t *testing.T) {
 		done:        make(chan struct{}),
 	}
 	go b.run()
+	return h, b
+}
+
+func TestBatcherLargeEntriesHaveTheirOwnSlots(t *testing.T) {
+	tun := DefaultRaftTuning()
+	tun.MaxInflightApplies = 2
+	tun.MaxInflightLargeApplies = 3
+	tun.LargeEntryBytes = 64 << 10
+	tun.MaxBatchBytes = 100 << 10 // one large write per entry
+	h, b := heldBatcher(tun)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
@@ -165,17 +171,7 @@ func TestBatcherCloseWhileWaitingForLargeSlot(t *testing.T) {
 	tun.MaxInflightLargeApplies = 1
 	tun.LargeEntryBytes = 64 << 10
 	tun.MaxBatchBytes = 100 << 10
-	h := &heldRaft{added: make(chan struct{}, 100)}
-	b := &batcher{
-		apply: h.apply, clock: time.Now, tuning: tun, metrics: newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, &traffic{}),
-		memoryLimit: fsm.NoMemoryLimit,
-		in:          make(chan *applyReq, 64),
-		slots:       make(chan struct{}, tun.MaxInflightApplies),
-		large:       make(chan struct{}, tun.MaxInflightLargeApplies),
-		stop:        make(chan struct{}),
-		done:        make(chan struct{}),
-	}
-	go b.run()
+	h, b := heldBatcher(tun)
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() { _, _, err := b.submit(ctx, bigWriteCmd(80<<10)); first <- err }()
