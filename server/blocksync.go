@@ -42,6 +42,7 @@ const (
 // blockSync is a node's side of block sync: it answers peers from memory
 // or the block directory, and it fetches what a restore lacks.
 type blockSync struct {
+	ctx      context.Context // the node's: ends when it stops
 	id       string
 	fsm      fsm.Applier
 	dir      *blockdir.Dir // nil for an ephemeral node
@@ -171,13 +172,13 @@ func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[b
 		remote = append(remote, w)
 		remoteBytes += w.Size
 	}
+	if len(remote) == 0 {
+		return out, nil // the counters keep describing the last transfer
+	}
 	b.wantBlocks.Store(uint64(len(remote)))
 	b.wantBytes.Store(remoteBytes)
 	b.gotBlocks.Store(0)
 	b.gotBytes.Store(0)
-	if len(remote) == 0 {
-		return out, nil
-	}
 	b.log.Info("restore fetching blocks from peers", "blocks", len(remote), "bytes", remoteBytes,
 		"local_blocks", len(want)-len(remote), "peers", s.peers)
 	if len(s.peers) == 0 {

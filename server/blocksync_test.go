@@ -124,6 +124,23 @@ func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
 	st := n.selfStatus()
 	require.Equal(t, uint64(3), st.SyncBlocksFetched)
 	require.Equal(t, uint64(3*chunk), st.SyncBytesWanted)
+	requireSnapshotsOnDisk(t, n)
+}
+
+// requireSnapshotsOnDisk checks that every block n's listed snapshots name
+// is in its block directory, so it can restart without its peers.
+func requireSnapshotsOnDisk(t *testing.T, n *Node) {
+	t.Helper()
+	metas, err := n.rfsm.snaps.List()
+	require.NoError(t, err)
+	require.NotEmpty(t, metas)
+	for _, m := range metas {
+		named := map[block.Hash]struct{}{}
+		require.NoError(t, n.rfsm.scanSnapshot(m.ID, named))
+		for h := range named {
+			require.True(t, n.sync.dir.Has(h), "snapshot %s names block %s, not on disk", m.ID, h.Short())
+		}
+	}
 }
 
 func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
@@ -317,6 +334,7 @@ func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {
 	c.WaitApplied(leader.AppliedIndex(), 30*time.Second)
 
 	require.GreaterOrEqual(t, n.sync.fetchedBytesTotal.Load(), uint64(32*chunk), "the new node got the base through block sync")
+	requireSnapshotsOnDisk(t, n)
 	ncli := c.Client(n.APIAddr())
 	require.Equal(t, base, readAll(t, ncli, "/base", pb.Consistency_STALE))
 	require.Equal(t, acked, readAll(t, ncli, "/live", pb.Consistency_STALE))

@@ -102,6 +102,9 @@ func (n *Node) start(ctx context.Context) error {
 	if n.stores, err = openStores(&n.cfg, n.hlog); err != nil {
 		return err
 	}
+	if n.sync.dir != nil {
+		n.stores.Snapshots = &blockSnapshots{SnapshotStore: n.stores.Snapshots, sync: n.sync}
+	}
 	n.rfsm.snaps = n.stores.Snapshots
 	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes}
 	if err := n.openTransport(); err != nil {
@@ -144,7 +147,7 @@ func (n *Node) openBlockSync() error {
 	if prio == nil {
 		prio = SmallFilesFirst
 	}
-	n.sync = &blockSync{id: n.cfg.ID, fsm: n.fsm, peers: n.peers, priority: prio, log: n.log}
+	n.sync = &blockSync{ctx: n.ctx, id: n.cfg.ID, fsm: n.fsm, peers: n.peers, priority: prio, log: n.log}
 	if !n.cfg.Ephemeral && n.cfg.DataDir != "" {
 		dir, err := blockdir.Open(filepath.Join(n.cfg.DataDir, "blocks"))
 		if err != nil {

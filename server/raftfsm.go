@@ -310,19 +310,10 @@ type fsmSnapshot struct {
 // not yet on disk are written (then synced, before the snapshot itself
 // is closed); without one the blocks go inline.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	dir := s.r.blockDir()
-	if dir != nil {
-		defer dir.Hold()()
-	}
 	w := bufio.NewWriterSize(sink, 1<<20)
 	err := writeSnapshotHeader(w, s.header)
-	if err == nil && dir != nil {
-		_, err = s.snap.WriteExternal(w, dir)
-		if err == nil {
-			err = dir.Sync()
-		}
-	} else if err == nil {
-		_, err = s.snap.WriteTo(w)
+	if err == nil {
+		err = s.writeState(w)
 	}
 	if err == nil {
 		err = w.Flush()
@@ -332,6 +323,23 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		return fmt.Errorf("persist snapshot: %w", err)
 	}
 	return sink.Close()
+}
+
+// writeState writes the state machine's stream: blocks by hash into the
+// block directory (synced) when there is one, inline otherwise. The hold
+// keeps collection from taking blocks no listed snapshot names yet; the
+// sink's Close checks them again under its own hold.
+func (s *fsmSnapshot) writeState(w io.Writer) error {
+	dir := s.r.blockDir()
+	if dir == nil {
+		_, err := s.snap.WriteTo(w)
+		return err
+	}
+	defer dir.Hold()()
+	if _, err := s.snap.WriteExternal(w, dir); err != nil {
+		return err
+	}
+	return dir.Sync()
 }
 
 // Release runs after Persist: Raft has reaped old snapshots by now, so
