@@ -141,9 +141,11 @@ func run(t testing.TB, dir string, limit time.Duration, name string, args ...str
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C", "GIT_CONFIG_NOSYSTEM=1", "HOME="+dir)
+	// The shell changes into dir after exec: a chdir onto the mount
+	// between fork and exec (cmd.Dir) happens while Go's ForkExec waits
+	// with syscall.ForkLock held, and one CI run hung there.
+	cmd := exec.CommandContext(ctx, "sh", append([]string{"-c", `cd "$RUN_DIR" && exec "$@"`, "sh", name}, args...)...)
+	cmd.Env = append(os.Environ(), "RUN_DIR="+dir, "LC_ALL=C", "GIT_CONFIG_NOSYSTEM=1", "HOME="+dir)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s %v in %s:\n%s", name, args, dir, out)

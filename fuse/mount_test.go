@@ -412,8 +412,12 @@ func TestPermissionsAsOtherUser(t *testing.T) {
 	asUser := func(script string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "sh", "-c", script)
-		cmd.Dir = shared
+		// cd inside the shell, not cmd.Dir: a chdir between fork and exec
+		// would make the FUSE request from a child that Go's vfork-style
+		// ForkExec is still waiting on, with syscall.ForkLock held (one
+		// CI run hung there, the child in request_wait_answer).
+		cmd := exec.CommandContext(ctx, "sh", "-c", `cd "$SHARED" && `+script)
+		cmd.Env = append(os.Environ(), "SHARED="+shared)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 4242, Gid: 4343}}
 		out, err := cmd.CombinedOutput()
 		return string(out), err
