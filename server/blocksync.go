@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -160,7 +161,7 @@ func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[b
 	b := s.b
 	b.restoring.Store(true)
 	defer b.restoring.Store(false)
-	slices.SortStableFunc(want, func(x, y fsm.BlockWant) int { return cmpInt64(b.priority(x), b.priority(y)) })
+	slices.SortStableFunc(want, func(x, y fsm.BlockWant) int { return cmp.Compare(b.priority(x), b.priority(y)) })
 	out := make(map[block.Hash][]byte, len(want))
 	var remote []fsm.BlockWant
 	var remoteBytes uint64
@@ -194,16 +195,6 @@ func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[b
 		}
 	}
 	return out, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // fetch is one restore's transfer from peers.
