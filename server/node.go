@@ -223,10 +223,10 @@ func (n *Node) openTransport() error {
 		Timeout:         n.cfg.Raft.TransportTimeout,
 	})
 	// A snapshot install's deadline is Timeout x (snapshot size / scale).
-	// Our snapshots name blocks instead of holding them (~50 bytes per
+	// Our snapshots name blocks instead of holding them (~40 bytes per
 	// 64 KiB block), and the receiver fetches the blocks inside that
 	// deadline, so the scale is far below raft's 256 KiB: about 10 s per
-	// 40 MiB of blocks named, with the default timeout.
+	// 55 MiB of blocks named, with the default timeout.
 	t.TimeoutScale = snapshotTimeoutScale
 	n.ownTrans, n.trans = t, t
 	n.raftAddr = string(t.LocalAddr())
