@@ -128,7 +128,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 
 func newMemStores() *server.Stores {
 	st := raft.NewInmemStore()
-	return &server.Stores{Log: st, Stable: st, Snapshots: raft.NewInmemSnapshotStore()}
+	return &server.Stores{Log: st, Stable: st, Snapshots: &memSnapshots{}}
 }
 
 // IDs returns every node's ID, in index order.
