@@ -211,8 +211,8 @@ func (r *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 
 // Restore replaces the state with a snapshot's. Blocks the snapshot names
 // by hash come from memory, the block directory or the peers the
-// snapshot's member map names; afterwards every block of the new state is
-// on this node's disk, so the snapshot Raft just stored is self-contained.
+// snapshot's member map names (a listed snapshot already has them all on
+// disk: blockSnapshots sees to that when its sink closes).
 func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	br := bufio.NewReaderSize(rc, 1<<20)
@@ -230,9 +230,6 @@ func (r *raftFSM) Restore(rc io.ReadCloser) error {
 	}
 	if err := r.fsm.RestoreFrom(ctx, br, src); err != nil {
 		return fmt.Errorf("restore state machine: %w", err)
-	}
-	if err := r.persistBlocks(); err != nil {
-		return fmt.Errorf("restore: keep blocks on disk: %w", err)
 	}
 	r.mu.Lock()
 	r.members = h.Members
@@ -355,20 +352,6 @@ func (r *raftFSM) blockDir() *blockdir.Dir {
 		return nil
 	}
 	return r.sync.dir
-}
-
-// persistBlocks writes every block of the current state that is not on
-// disk yet.
-func (r *raftFSM) persistBlocks() error {
-	dir := r.blockDir()
-	if dir == nil {
-		return nil
-	}
-	defer dir.Hold()()
-	if _, err := r.fsm.Snapshot().WriteExternal(io.Discard, dir); err != nil {
-		return err
-	}
-	return dir.Sync()
 }
 
 // collectBlocks removes the blocks no kept snapshot names. One runs at a
