@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/memoryfs/memfs/client/replace"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -65,9 +66,9 @@ is now; running the same command again resumes.`,
 		if replaceFlags.with == "" {
 			return usageError{errors.New("--with ID@RAFT_ADDR,API_ADDR is required")}
 		}
-		target, err := parseReplaceTarget(replaceFlags.with)
+		target, err := replace.ParseTarget(replaceFlags.with)
 		if err != nil {
-			return usageError{err}
+			return usageError{fmt.Errorf("--with %w", err)}
 		}
 		if target.ID == args[0] {
 			return usageError{fmt.Errorf("the new node needs an id other than %s (ids are never reused)", args[0])}
@@ -79,16 +80,15 @@ is now; running the same command again resumes.`,
 		// Only Ctrl-C bounds the whole command: the catch-up may take long.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		r := newReplacer(replaceOptions{
+		sum, err := runReplace(ctx, replace.Options{
 			Old: args[0], New: target, Cluster: addrs,
 			MaxLag: replaceFlags.maxLag, Stable: replaceFlags.stable,
 			CatchUpTimeout: replaceFlags.catchUpTimeout, StepTimeout: timeoutFlag,
 		}, cmd.ErrOrStderr())
-		sum, err := r.run(ctx)
 		if err != nil {
 			return err
 		}
-		sum.print(cmd.OutOrStdout())
+		printSummary(cmd.OutOrStdout(), sum)
 		return nil
 	},
 }

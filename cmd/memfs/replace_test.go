@@ -20,67 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/client/replace"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
-
-func TestParseReplaceTarget(t *testing.T) {
-	cases := []struct {
-		in   string
-		want replaceTarget
-		ok   bool
-	}{
-		{"n4@10.0.0.4:7101,10.0.0.4:7001", replaceTarget{"n4", "10.0.0.4:7101", "10.0.0.4:7001"}, true},
-		{" n4 @ h:1 , h:2 ", replaceTarget{"n4", "h:1", "h:2"}, true},
-		{"n4", replaceTarget{}, false},
-		{"n4@h:1", replaceTarget{}, false},
-		{"@h:1,h:2", replaceTarget{}, false},
-		{"n4@,h:2", replaceTarget{}, false},
-		{"n4@h:1,", replaceTarget{}, false},
-		{"n4@h:1,h:2,h:3", replaceTarget{}, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := parseReplaceTarget(tc.in)
-			if !tc.ok {
-				require.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
-		})
-	}
-}
-
-func TestCheckQuorum(t *testing.T) {
-	up := func(id string) *pb.NodeStatus { return &pb.NodeStatus{Id: id, Voter: true, State: "Follower"} }
-	down := func(id string) *pb.NodeStatus { return &pb.NodeStatus{Id: id, Voter: true, Error: "unreachable"} }
-	cases := []struct {
-		name  string
-		nodes []*pb.NodeStatus
-		err   string
-	}{
-		{"all up", []*pb.NodeStatus{up("n1"), up("n2"), up("n3")}, ""},
-		{"old down", []*pb.NodeStatus{up("n1"), down("n2"), up("n3")}, ""},
-		// 4 voters with n1 and n2 down: 2 of 4 cannot commit the promotion.
-		{"old and another down", []*pb.NodeStatus{down("n1"), down("n2"), up("n3")}, "promoting n4 would leave 2 of 4"},
-		// Promotion works (3 of 5 voters reachable), but without the old
-		// node 2 of 4 are left.
-		{"others down, old up", []*pb.NodeStatus{down("n1"), up("n2"), up("n3"), down("n5")}, "removing n2 would leave 2 of 4"},
-		{"new already a voter", []*pb.NodeStatus{up("n1"), up("n2"), up("n3"), up("n4")}, ""},
-		{"non-voters do not count", []*pb.NodeStatus{up("n1"), up("n2"), {Id: "n9", State: "Follower"}}, ""},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err := checkQuorum(&pb.StatusResponse{Nodes: tc.nodes}, "n2", "n4")
-			if tc.err == "" {
-				require.NoError(t, err)
-				return
-			}
-			require.ErrorContains(t, err, tc.err)
-		})
-	}
-}
 
 // spareNode is a `memfs server` process started with neither --bootstrap
 // nor --join: it waits to be added.
@@ -120,7 +63,7 @@ func startSpareAt(t *testing.T, bin, id, raftAddr, apiAddr string) *spareNode {
 		}
 	})
 	require.Eventually(t, func() bool {
-		_, err := localStatus(context.Background(), s.APIAddr, 2*time.Second)
+		_, err := replace.LocalStatus(context.Background(), nil, s.APIAddr)
 		return err == nil
 	}, 30*time.Second, 50*time.Millisecond, "spare node never answered: %s", s.out)
 	require.Contains(t, s.out.String(), "waiting to be added")
@@ -316,7 +259,7 @@ func TestNodeReplaceUnderWriteLoad(t *testing.T) {
 			lead := c.WaitLeader(10 * time.Second)
 			c.WaitApplied(lead.AppliedIndex(), 20*time.Second)
 			require.Eventually(t, func() bool {
-				self, err := localStatus(ctx, spare.APIAddr, 5*time.Second)
+				self, err := replace.LocalStatus(ctx, nil, spare.APIAddr)
 				return err == nil && self.AppliedIndex >= lead.AppliedIndex() &&
 					self.LogicalBytes == lead.FSM().Stats().LogicalBytes
 			}, 20*time.Second, 20*time.Millisecond)
@@ -374,7 +317,7 @@ func TestNodeReplaceFailures(t *testing.T) {
 	require.Contains(t, msg, "memfs: n4 added as non-voter but not promoted: n4 did not catch up within 2s")
 	st := statusOf(t, addrs)
 	require.Len(t, st.Nodes, 4)
-	n4 := findNode(st, "n4")
+	n4 := replace.FindNode(st, "n4")
 	require.NotNil(t, n4)
 	require.False(t, n4.Voter)
 	require.Equal(t, leader.ID(), st.Leader, "the leader stayed")
@@ -393,8 +336,8 @@ func TestNodeReplaceFailures(t *testing.T) {
 	require.Equal(t, 0, code, msg)
 	st = statusOf(t, addrs)
 	require.Len(t, st.Nodes, 3)
-	require.NotNil(t, findNode(st, "n4"))
-	require.Nil(t, findNode(st, follower))
+	require.NotNil(t, replace.FindNode(st, "n4"))
+	require.Nil(t, replace.FindNode(st, follower))
 }
 
 // A run stopped after the new node was added resumes where it stopped.
@@ -420,8 +363,8 @@ func TestNodeReplaceResumes(t *testing.T) {
 	require.NotContains(t, string(out), "adding n4")
 	st := statusOf(t, c.APIAddrs())
 	require.Len(t, st.Nodes, 3)
-	require.True(t, findNode(st, "n4").Voter)
-	require.Nil(t, findNode(st, leader.ID()))
+	require.True(t, replace.FindNode(st, "n4").Voter)
+	require.Nil(t, replace.FindNode(st, leader.ID()))
 }
 
 func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
@@ -454,10 +397,10 @@ func TestReplaceProgressLine(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			r := newReplacer(replaceOptions{New: replaceTarget{ID: "n4"}}, &out)
-			lag := 100 - tc.self.AppliedIndex
-			r.showProgress(tc.self, 100, lag, 3*time.Second)
-			r.showProgress(tc.self, 100, lag, 3*time.Second) // within 2 s: not repeated in a log
+			p := newProgressLine(&out, "n4")
+			pr := replace.Progress{Self: tc.self, Commit: 100, Lag: 100 - tc.self.AppliedIndex, Elapsed: 3 * time.Second}
+			p.show(pr)
+			p.show(pr) // within 2 s: not repeated in a log
 			require.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
 			for _, w := range tc.want {
 				require.Contains(t, out.String(), w)

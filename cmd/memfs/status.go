@@ -6,15 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
+	"github.com/memoryfs/memfs/client/replace"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -189,12 +186,7 @@ func humanBytes(n uint64) string {
 
 // adminDial opens a raw gRPC connection to one node (the admin commands do
 // not need the client library's sessions and retries).
-func adminDial(addr string) (*grpc.ClientConn, error) {
-	if strings.HasPrefix(addr, "/") {
-		addr = "unix://" + addr
-	}
-	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-}
+func adminDial(addr string) (*grpc.ClientConn, error) { return replace.Dial(addr, nil) }
 
 // callCluster runs fn against the --cluster nodes in turn until one
 // answers with anything but UNAVAILABLE.
@@ -207,22 +199,5 @@ func callAddrs(ctx context.Context, addrs []string, fn func(context.Context, pb.
 	if len(addrs) == 0 {
 		return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
 	}
-	var errs []error
-	for _, addr := range addrs {
-		conn, err := adminDial(addr)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
-			continue
-		}
-		err = fn(ctx, pb.NewMemFSClient(conn))
-		_ = conn.Close()
-		if status.Code(err) != codes.Unavailable {
-			return err
-		}
-		errs = append(errs, fmt.Errorf("%s: %s", addr, status.Convert(err).Message()))
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return fmt.Errorf("no node answered: %w", errors.Join(errs...))
+	return replace.CallAddrs(ctx, nil, addrs, fn)
 }

@@ -1,0 +1,159 @@
+package replace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// errNoAnswer: every address was unavailable.
+var errNoAnswer = errors.New("no node answered")
+
+// Dial opens an admin connection to addr ("host:port" or "unix:///path")
+// through dial (nil: client.DialAddr).
+func Dial(addr string, dial client.Dialer) (*grpc.ClientConn, error) {
+	if dial == nil {
+		dial = client.DialAddr
+	}
+	authority := addr
+	if strings.HasPrefix(addr, "/") {
+		addr = "unix://" + addr
+	}
+	if strings.HasPrefix(addr, "unix:") {
+		authority = "localhost"
+	}
+	return grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority(authority),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, addr) }))
+}
+
+// CallAddrs runs fn against addrs in turn until one answers with anything
+// but UNAVAILABLE. When none does, the error lists each address's reason.
+func CallAddrs(ctx context.Context, dial client.Dialer, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
+	var errs []error
+	for _, addr := range addrs {
+		conn, err := Dial(addr, dial)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		err = fn(ctx, pb.NewMemFSClient(conn))
+		_ = conn.Close()
+		if status.Code(err) != codes.Unavailable {
+			return err
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", addr, status.Convert(err).Message()))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("%w: %w", errNoAnswer, errors.Join(errs...))
+}
+
+// LocalStatus asks the node at addr for its own status.
+func LocalStatus(ctx context.Context, dial client.Dialer, addr string) (*pb.NodeStatus, error) {
+	conn, err := Dial(addr, dial)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := pb.NewMemFSClient(conn).Status(ctx, &pb.StatusRequest{Version: pb.Version, Local: true})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Self == nil {
+		return nil, fmt.Errorf("node at %s did not describe itself", addr)
+	}
+	return resp.Self, nil
+}
+
+// FindNode returns the member id of st, or nil.
+func FindNode(st *pb.StatusResponse, id string) *pb.NodeStatus {
+	for _, n := range st.Nodes {
+		if n.Id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// call runs fn against the cluster members in turn (not the new node: it
+// may not know the leader yet). Each attempt is bounded by StepTimeout.
+func (r *replacer) call(ctx context.Context, fn func(context.Context, pb.MemFSClient) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
+	defer cancel()
+	return CallAddrs(ctx, r.opts.Dialer, r.opts.Cluster, fn)
+}
+
+// clusterStatus is the leader's view of the membership, with each node's
+// own report.
+func (r *replacer) clusterStatus(ctx context.Context) (*pb.StatusResponse, error) {
+	var st *pb.StatusResponse
+	err := r.call(ctx, func(ctx context.Context, c pb.MemFSClient) error {
+		var err error
+		st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
+		return err
+	})
+	if err == nil {
+		r.leaderAPI = st.LeaderApiAddr
+	}
+	return st, err
+}
+
+// localStatus is one node's report on itself, bounded by StepTimeout and
+// at most 5 s.
+func (r *replacer) localStatus(ctx context.Context, addr string) (*pb.NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, min(r.opts.StepTimeout, 5*time.Second))
+	defer cancel()
+	return LocalStatus(ctx, r.opts.Dialer, addr)
+}
+
+// newNodeStatus is the new node's report on itself, asked directly (a
+// leader's view of a peer lacks the sync fields and costs a round trip
+// more).
+func (r *replacer) newNodeStatus(ctx context.Context) (*pb.NodeStatus, error) {
+	return r.localStatus(ctx, r.opts.New.APIAddr)
+}
+
+// newNodeReport is newNodeStatus, asked again while the answer is lost on
+// the way (for at most StepTimeout).
+func (r *replacer) newNodeReport(ctx context.Context) (*pb.NodeStatus, error) {
+	var self *pb.NodeStatus
+	err := r.retry(ctx, func(ctx context.Context) error {
+		var err error
+		self, err = r.newNodeStatus(ctx)
+		return err
+	}, func() (bool, error) { return false, nil })
+	return self, err
+}
+
+// leaderCommit is the leader's commit index, asked of the leader itself.
+func (r *replacer) leaderCommit(ctx context.Context) (uint64, error) {
+	for attempt := 0; attempt < 2; attempt++ {
+		if r.leaderAPI == "" || attempt > 0 {
+			if _, err := r.clusterStatus(ctx); err != nil {
+				return 0, err
+			}
+			if r.leaderAPI == "" {
+				return 0, errors.New("no leader")
+			}
+		}
+		self, err := r.localStatus(ctx, r.leaderAPI)
+		if err == nil && self.State == "Leader" {
+			return self.CommitIndex, nil
+		}
+	}
+	return 0, errors.New("leader changed while asked")
+}
