@@ -29,15 +29,22 @@ type BlockPriority func(fsm.BlockWant) int64
 // before the chunks of large ones, and a file's chunks come in order.
 func SmallFilesFirst(w fsm.BlockWant) int64 { return int64(min(w.FileSize, 1<<62)) }
 
-// Sync limits: blocks per FetchBlocks call, fetchers per peer, rounds over
-// all peers before a block counts as lost.
+// Sync limits: blocks per FetchBlocks call, fetchers per peer. A batch
+// goes round all peers at least syncMinRounds times, and on until
+// syncGiveUp has passed, before its blocks count as lost: the peers that
+// hold them may be restarting too (a whole cluster after a power loss). A
+// call that receives nothing for syncIdle is abandoned: on a lossy network
+// a stream can stall for good.
 const (
-	syncBatchBlocks  = 256
-	syncBatchBytes   = 8 << 20
-	syncWorkersPer   = 2
-	syncMaxWorkers   = 8
-	syncRounds       = 3
-	syncRoundBackoff = 300 * time.Millisecond
+	syncBatchBlocks     = 256
+	syncBatchBytes      = 8 << 20
+	syncWorkersPer      = 2
+	syncMaxWorkers      = 8
+	syncMinRounds       = 3
+	syncGiveUp          = 2 * time.Minute
+	syncRoundBackoff    = 300 * time.Millisecond
+	syncMaxRoundBackoff = 3 * time.Second
+	syncIdle            = 5 * time.Second
 )
 
 // blockSync is a node's side of block sync: it answers peers from memory
@@ -50,6 +57,8 @@ type blockSync struct {
 	peers    *peers
 	priority BlockPriority
 	log      *slog.Logger
+	giveUp   time.Duration // syncGiveUp; tests shorten it
+	idle     time.Duration // syncIdle; tests shorten it
 
 	restoring                                    atomic.Bool
 	wantBlocks, wantBytes, gotBlocks, gotBytes   atomic.Uint64 // the current or last restore
@@ -277,7 +286,7 @@ func (f *fetch) missingOn(ctx context.Context, addr string, remote []fsm.BlockWa
 		for _, w := range part {
 			req.Hashes = append(req.Hashes, w.Hash[:])
 		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, f.s.b.idle)
 		resp, err := cli.MissingBlocks(cctx, req)
 		cancel()
 		if err != nil {
@@ -342,7 +351,8 @@ func batchBytes(ws []fsm.BlockWant) (n uint64) {
 // did not deliver intact.
 func (f *fetch) job(ctx context.Context, j fetchJob) error {
 	left := j.wants
-	for round := range syncRounds {
+	start := time.Now()
+	for round := 0; ; round++ {
 		for _, p := range j.order {
 			if len(left) == 0 {
 				return nil
@@ -356,14 +366,16 @@ func (f *fetch) job(ctx context.Context, j fetchJob) error {
 		if len(left) == 0 {
 			return nil
 		}
+		if round+1 >= syncMinRounds && time.Since(start) >= f.s.b.giveUp {
+			return fmt.Errorf("%d blocks (first %s) not delivered intact by any of %d peers in %d rounds: %w",
+				len(left), left[0].Hash.Short(), len(f.s.peers), round+1, syscall.EIO)
+		}
 		select {
-		case <-time.After(syncRoundBackoff * time.Duration(round+1)):
+		case <-time.After(min(syncRoundBackoff*time.Duration(round+1), syncMaxRoundBackoff)):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	return fmt.Errorf("%d blocks (first %s) not delivered intact by any of %d peers: %w",
-		len(left), left[0].Hash.Short(), len(f.s.peers), syscall.EIO)
 }
 
 // from fetches wants from one peer and returns those it did not deliver.
@@ -372,8 +384,10 @@ func (f *fetch) from(ctx context.Context, addr string, wants []fsm.BlockWant) ([
 	if err != nil {
 		return wants, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(f.s.b.idle, func() { cancel(errStalled) })
+	defer idle.Stop()
 	req := &pb.FetchBlocksRequest{Version: pb.Version}
 	for _, w := range wants {
 		req.Hashes = append(req.Hashes, w.Hash[:])
@@ -386,6 +400,10 @@ func (f *fetch) from(ctx context.Context, addr string, wants []fsm.BlockWant) ([
 	i := 0
 	for ; i < len(wants); i++ {
 		data, err := recvBlock(stream, wants[i])
+		idle.Reset(f.s.b.idle)
+		if context.Cause(ctx) == errStalled {
+			err = fmt.Errorf("%w for %v", errStalled, f.s.b.idle)
+		}
 		if errors.Is(err, errBadBlock) {
 			f.s.b.corruptTotal.Add(1)
 		}
@@ -403,7 +421,10 @@ func (f *fetch) from(ctx context.Context, addr string, wants []fsm.BlockWant) ([
 	return left, nil
 }
 
-var errBadBlock = errors.New("block does not match its hash")
+var (
+	errBadBlock = errors.New("block does not match its hash")
+	errStalled  = errors.New("block stream stalled: nothing received")
+)
 
 // recvBlock reads one block's frames. It returns nil data for a block the
 // peer does not hold or sent corrupt (counted; fetched elsewhere).

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,7 +277,8 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	require.NoError(t, err)
 	ps := newPeers(nil)
 	t.Cleanup(ps.close)
-	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger()}
+	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
+		giveUp: time.Minute, idle: 5 * time.Second}
 	// "a-liar" sorts first, so it is asked first for every block.
 	src := b.source(map[string]string{"a-liar": lis.Addr().String(), "good": good.APIAddr(), "me": "x"})
 	var want []fsm.BlockWant
@@ -294,6 +296,58 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	}
 	require.Positive(t, b.corruptTotal.Load())
 	require.Equal(t, uint64(4*chunk), b.gotBytes.Load())
+}
+
+// stallingPeer claims to hold every block and never sends one.
+type stallingPeer struct {
+	pb.UnimplementedMemFSServer
+}
+
+func (stallingPeer) MissingBlocks(context.Context, *pb.MissingBlocksRequest) (*pb.MissingBlocksResponse, error) {
+	return &pb.MissingBlocksResponse{}, nil
+}
+
+func (stallingPeer) FetchBlocks(_ *pb.FetchBlocksRequest, stream grpc.ServerStreamingServer[pb.BlockFrame]) error {
+	<-stream.Context().Done()
+	return nil
+}
+
+// TestBlockNobodyDeliversIsLost: blocks only a lying and a stalling peer
+// claim to hold are given up after the minimum rounds with EIO, the
+// stalled stream abandoned each time, and nothing is stored.
+func TestBlockNobodyDeliversIsLost(t *testing.T) {
+	c := StartCluster(t, 1)
+	good := c.Node(0)
+	s := openSession(t, c.Client(good.APIAddr()))
+	s.create("/f")
+	data := uniqueBytes(2*chunk, 11)
+	writeChunks(s, "/f", 0, data)
+	serve := func(impl pb.MemFSServer) string {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		srv := grpc.NewServer()
+		pb.RegisterMemFSServer(srv, impl)
+		go func() { _ = srv.Serve(lis) }()
+		t.Cleanup(srv.Stop)
+		return lis.Addr().String()
+	}
+	liar, staller := serve(&lyingPeer{good: c.Client(good.APIAddr())}), serve(stallingPeer{})
+
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	dir, err := blockdir.Open(t.TempDir())
+	require.NoError(t, err)
+	ps := newPeers(nil)
+	t.Cleanup(ps.close)
+	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
+		giveUp: 0, idle: 200 * time.Millisecond}
+	src := b.source(map[string]string{"liar": liar, "staller": staller})
+	want := []fsm.BlockWant{{Hash: block.Sum(data[:chunk]), Size: chunk, Ino: 2, FileSize: 2 * chunk}}
+	_, err = src.Blocks(ctxTimeout(t, 30*time.Second), want)
+	require.ErrorIs(t, err, syscall.EIO)
+	require.ErrorContains(t, err, "in 3 rounds")
+	require.False(t, dir.Has(want[0].Hash), "a block nobody delivered intact is not stored")
+	require.Equal(t, uint64(3), b.corruptTotal.Load(), "the liar's copy, once a round")
 }
 
 func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {

@@ -241,29 +241,52 @@ func (n *Node) removeMember(ctx context.Context, id string) error {
 // Removed while leading, it would commit its own removal and shut Raft
 // down (ShutdownOnRemove), leaving the cluster without a leader for a
 // whole election timeout; a transfer costs one round trip. handed is false
-// when the transfer failed and nothing was done.
+// when no transfer took and nothing was done.
+//
+// A transfer can succeed and still leave this node leading: the target's
+// election is lost (its vote requests dropped) and this node wins the
+// next. It then transfers again, a few times.
 func (n *Node) handOverAndRemoveSelf(ctx context.Context) (handed bool, err error) {
-	if err := waitFuture(ctx, n.raft.LeadershipTransfer()); err != nil {
-		return false, err
+	const attempts = 3
+	for i := 1; i <= attempts; i++ {
+		if err := waitFuture(ctx, n.raft.LeadershipTransfer()); err != nil {
+			return false, err
+		}
+		n.log.Info("handed leadership over before removing self", "attempt", i)
+		other, err := n.awaitOtherLeader(ctx)
+		if err != nil {
+			return true, err
+		}
+		if other {
+			cli, err := n.leaderClient(ctx)
+			if err != nil {
+				return true, err
+			}
+			_, err = cli.RemoveNode(forwardContext(ctx), &pb.RemoveNodeRequest{Version: pb.Version, Id: n.cfg.ID})
+			return true, err
+		}
+		n.log.Info("leading again after a leadership transfer", "attempt", i)
 	}
-	n.log.Info("handed leadership over before removing self")
+	return false, fmt.Errorf("still leading after %d leadership transfers", attempts)
+}
+
+// awaitOtherLeader waits until another node is known to lead (true) or
+// this node leads again (false).
+func (n *Node) awaitOtherLeader(ctx context.Context) (bool, error) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		// The new leader is known once its first heartbeat arrives.
 		if id, api := n.Leader(); id != "" && id != n.cfg.ID && api != "" {
-			break
+			return true, nil
+		}
+		if n.raft.State() == raft.Leader {
+			return false, nil
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return true, unavailableErr("node %s handed leadership over but sees no new leader yet: %v", n.cfg.ID, ctx.Err())
+			return false, unavailableErr("node %s handed leadership over but sees no new leader yet: %v", n.cfg.ID, ctx.Err())
 		}
 	}
-	cli, err := n.leaderClient(ctx)
-	if err != nil {
-		return true, err
-	}
-	_, err = cli.RemoveNode(forwardContext(ctx), &pb.RemoveNodeRequest{Version: pb.Version, Id: n.cfg.ID})
-	return true, err
 }

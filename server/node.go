@@ -147,7 +147,7 @@ func (n *Node) openBlockSync() error {
 	if prio == nil {
 		prio = SmallFilesFirst
 	}
-	n.sync = &blockSync{ctx: n.ctx, id: n.cfg.ID, fsm: n.fsm, peers: n.peers, priority: prio, log: n.log}
+	n.sync = &blockSync{ctx: n.ctx, id: n.cfg.ID, fsm: n.fsm, peers: n.peers, priority: prio, log: n.log, giveUp: syncGiveUp, idle: syncIdle}
 	if !n.cfg.Ephemeral && n.cfg.DataDir != "" {
 		dir, err := blockdir.Open(filepath.Join(n.cfg.DataDir, "blocks"))
 		if err != nil {
