@@ -92,7 +92,12 @@ type slot struct {
 	trans    *faultnet.Transport
 	stores   *server.Stores // Memory storage: survives crashes
 	starts   int
+	spare    bool // first start neither bootstraps nor joins: it waits to be added
+	retired  bool // removed from the cluster: stopped for good, not compared
 }
+
+// MaxSpares is how many nodes AddSpare may add to a cluster.
+const MaxSpares = 2
 
 // Start boots opts.Nodes nodes (node 0 bootstraps, the others join) and
 // waits for a leader. The network starts reliable. t.Cleanup stops it.
@@ -102,7 +107,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		opts.Nodes = 3
 	}
 	c := &Cluster{T: t, Net: faultnet.New(opts.Seed), opts: opts, dir: t.TempDir(),
-		ip: faultnet.LoopbackIP(), skew: make([]atomic.Int64, opts.Nodes)}
+		ip: faultnet.LoopbackIP(), skew: make([]atomic.Int64, opts.Nodes+MaxSpares)}
 	c.Net.SetLogf(t.Logf)
 	t.Cleanup(c.Shutdown)
 	t.Cleanup(func() {
@@ -142,8 +147,61 @@ func (c *Cluster) IDs() []string {
 	return out
 }
 
-// Size is the number of nodes, running or not.
-func (c *Cluster) Size() int { return len(c.nodes) }
+// Size is the number of nodes, running, down or retired.
+func (c *Cluster) Size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.nodes)
+}
+
+// AddSpare starts a new node that neither bootstraps nor joins: it waits
+// until a member adds it (as client/replace does). It returns its index.
+func (c *Cluster) AddSpare() (int, error) {
+	c.mu.Lock()
+	i := len(c.nodes)
+	if i >= len(c.skew) {
+		c.mu.Unlock()
+		return -1, fmt.Errorf("at most %d spares", MaxSpares)
+	}
+	s := &slot{id: fmt.Sprintf("n%d", i), dataDir: filepath.Join(c.dir, fmt.Sprintf("n%d", i)), spare: true}
+	if c.opts.Storage == Memory {
+		s.stores = newMemStores()
+	}
+	c.nodes = append(c.nodes, s)
+	c.mu.Unlock()
+	return i, c.start(i)
+}
+
+// Retire stops node i for good, as an operator stops a node that was
+// removed from the cluster: it is never restarted nor compared again.
+func (c *Cluster) Retire(i int) {
+	c.Crash(i)
+	c.mu.Lock()
+	c.nodes[i].retired = true
+	c.mu.Unlock()
+	c.Net.Logf("harness: retire %s", c.nodes[i].id)
+}
+
+// RaftAddr returns node i's Raft address ("" before its first start).
+func (c *Cluster) RaftAddr(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i].raftAddr
+}
+
+// DataDir returns node i's data directory (Disk storage).
+func (c *Cluster) DataDir(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i].dataDir
+}
+
+// APIAddr returns node i's API address ("" before its first start).
+func (c *Cluster) APIAddr(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i].apiAddr
+}
 
 // Node returns node i, or nil while it is down.
 func (c *Cluster) Node(i int) *server.Node {
@@ -199,9 +257,9 @@ func (c *Cluster) tuning() server.RaftTuning {
 func (c *Cluster) start(i int) error {
 	c.mu.Lock()
 	s := c.nodes[i]
-	if s.node != nil {
+	if s.node != nil || s.retired {
 		c.mu.Unlock()
-		return fmt.Errorf("node %d is running", i)
+		return fmt.Errorf("node %d is running or retired", i)
 	}
 	var join []string
 	for j, o := range c.nodes {
@@ -235,7 +293,7 @@ func (c *Cluster) start(i int) error {
 	case Ephemeral:
 		cfg.Ephemeral = true
 	}
-	if !cfg.Bootstrap {
+	if !cfg.Bootstrap && !(s.spare && s.starts == 0) {
 		cfg.Join = join
 	}
 	cfg.Clock = func() time.Time { return time.Now().Add(time.Duration(c.skew[i].Load())) }
@@ -370,6 +428,8 @@ func (c *Cluster) WaitLeader(timeout time.Duration) int {
 
 // IndexOf returns the index of node id, or -1.
 func (c *Cluster) IndexOf(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i, s := range c.nodes {
 		if s.id == id {
 			return i
@@ -430,7 +490,7 @@ func (c *Cluster) Client(ctx context.Context, name string, nodes []int, opts ...
 // Raft log and snapshot it ever wrote.
 func (c *Cluster) Shutdown() {
 	var wg sync.WaitGroup
-	for i := range c.nodes {
+	for i := range c.Size() {
 		wg.Add(1)
 		go func() { defer wg.Done(); c.Crash(i) }()
 	}
@@ -544,7 +604,10 @@ func (c *Cluster) compareReplicas(paths []string, timeout time.Duration) (string
 	defer cancel()
 	var ref []string
 	refID := ""
-	for i := range c.nodes {
+	for i := range c.Size() {
+		if c.retired(i) {
+			continue
+		}
 		n := c.Node(i)
 		if n == nil {
 			return "", fmt.Errorf("node %d is down", i)
@@ -591,6 +654,12 @@ func replicaState(n *server.Node, paths []string) []string {
 		out = append(out, line)
 	}
 	return out
+}
+
+func (c *Cluster) retired(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i].retired
 }
 
 func clip(s string) string {
