@@ -21,8 +21,14 @@ import (
 // during and after `memfs node replace`, on a `memfs up` cluster of node
 // processes. It runs only when asked:
 //
-//	MEMFS_REPLACE_FIGURE=1 [MEMFS_REPLACE_FIGURE_MB=256] [MEMFS_REPLACE_FIGURE_BASE=50000] \
-//	  go test ./cmd/memfs -run TestNodeReplaceLatencyFigure -v -timeout 30m
+//	MEMFS_REPLACE_FIGURE=1 [MEMFS_REPLACE_FIGURE_MB=256] [MEMFS_REPLACE_FIGURE_BASE=22000] \
+//	  [MEMFS_REPLACE_FIGURE_SNAPSHOT=128] go test ./cmd/memfs -run TestNodeReplaceLatencyFigure -v -timeout 30m
+//
+// MEMFS_REPLACE_FIGURE_SNAPSHOT is the nodes' --snapshot-threshold (half
+// of it the trailing logs): with the server's default the preload fits in
+// the log and the new node catches up by log replay; with 128 the leader
+// has cut its log and the new node gets a snapshot and fetches the data
+// by block sync. 0 keeps the server's defaults.
 func TestNodeReplaceLatencyFigure(t *testing.T) {
 	if os.Getenv("MEMFS_REPLACE_FIGURE") == "" {
 		t.Skip("a measurement: set MEMFS_REPLACE_FIGURE=1")
@@ -35,7 +41,12 @@ func TestNodeReplaceLatencyFigure(t *testing.T) {
 			if lo := envInt(t, "MEMFS_REPLACE_FIGURE_BASE", 0); lo != 0 {
 				base = freeBaseFrom(t, lo+10*i, 5)
 			}
-			p := startUp(t, bin, t.TempDir(), base)
+			var serverArgs []string
+			if snap := envInt(t, "MEMFS_REPLACE_FIGURE_SNAPSHOT", 128); snap > 0 {
+				serverArgs = []string{"--snapshot-threshold", fmt.Sprint(snap), "--trailing-logs", fmt.Sprint(snap / 2),
+					"--snapshot-interval", "1s"}
+			}
+			p := startUp(t, bin, t.TempDir(), base, serverArgs...)
 			st := waitStatus(t, bin, p)
 			old := "n2"
 			if which == "leader" {

@@ -26,16 +26,24 @@ var upFlags struct {
 	logStore    string
 	memoryLimit string
 	ephemeral   bool
+	serverArgs  []string // after "--": passed to every node
 }
 
 var upCmd = &cobra.Command{
-	Use:   "up",
+	Use:   "up [-- SERVER_FLAGS...]",
 	Short: "Start a local cluster of node processes on 127.0.0.1",
 	Long: `Start a local cluster: one "memfs server" process per node on 127.0.0.1
 (node i serves the API on base-port+i and Raft on base-port+100+i), wait for
 a leader, and print what to try next. Ctrl-C stops every node. Data stays
-in --dir, so a second "memfs up" on the same dir finds the old files.`,
-	Args: cobra.NoArgs,
+in --dir, so a second "memfs up" on the same dir finds the old files.
+Flags after "--" go to every "memfs server", e.g.
+  memfs up -- --snapshot-threshold 512 --trailing-logs 256`,
+	Args: func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+			return usageError{fmt.Errorf("up takes no arguments, only server flags after \"--\" (got %q)", args[0])}
+		}
+		return nil
+	},
 	RunE: runUp,
 }
 
@@ -84,7 +92,8 @@ type upHook func(ctx context.Context, c *upCluster) (stop func(), err error)
 
 var upHooks []upHook
 
-func runUp(cmd *cobra.Command, _ []string) error {
+func runUp(cmd *cobra.Command, args []string) error {
+	upFlags.serverArgs = args
 	if upFlags.nodes < 1 {
 		return usageError{errors.New("--nodes must be at least 1")}
 	}
@@ -180,6 +189,7 @@ func (c *upCluster) start() error {
 			// Ignored by a node that already has state.
 			args = append(args, "--join", strings.Join(others, ","))
 		}
+		args = append(args, upFlags.serverArgs...)
 		if err := n.launch(exe, args, c.exits); err != nil {
 			return err
 		}

@@ -103,10 +103,15 @@ type upProcess struct {
 	cluster string
 }
 
-func startUp(t *testing.T, bin, dir string, base int) *upProcess {
+// startUp runs "memfs up" with 3 nodes; serverArgs go after "--".
+func startUp(t *testing.T, bin, dir string, base int, serverArgs ...string) *upProcess {
 	t.Helper()
 	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base))
+	args := []string{"up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base)}
+	if len(serverArgs) > 0 {
+		args = append(append(args, "--"), serverArgs...)
+	}
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
 	go func() {
@@ -282,6 +287,9 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"server", "--data", "x"}, 2, "memfs: --id is required"},
 		{[]string{"server", "--id", "a", "--data", "x", "--memory-limit", "lots"}, 2, "not a size"},
 		{[]string{"status", "--cluster", "127.0.0.1:1", "--timeout", "5s"}, 1, "memfs: no node answered"},
+		{[]string{"up", "extra"}, 2, "memfs: up takes no arguments"},
+		// Flags after "--" reach every node: a bad one stops them.
+		{[]string{"up", "--dir", t.TempDir(), "--base-port", "21000", "--", "--no-such-flag"}, 1, "exited (exit status 2)"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
