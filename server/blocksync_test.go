@@ -264,23 +264,10 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	data := uniqueBytes(4*chunk, 10)
 	writeChunks(s, "/f", 0, data)
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer()
-	pb.RegisterMemFSServer(srv, &lyingPeer{good: c.Client(good.APIAddr())})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-
-	f, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	dir, err := blockdir.Open(t.TempDir())
-	require.NoError(t, err)
-	ps := newPeers(nil)
-	t.Cleanup(ps.close)
-	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
-		giveUp: time.Minute, idle: 5 * time.Second}
+	liar := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())})
+	b, dir := newTestSync(t, time.Minute, 5*time.Second)
 	// "a-liar" sorts first, so it is asked first for every block.
-	src := b.source(map[string]string{"a-liar": lis.Addr().String(), "good": good.APIAddr(), "me": "x"})
+	src := b.source(map[string]string{"a-liar": liar, "good": good.APIAddr(), "me": "x"})
 	var want []fsm.BlockWant
 	for i := range 4 {
 		piece := data[i*chunk : (i+1)*chunk]
@@ -296,6 +283,29 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	}
 	require.Positive(t, b.corruptTotal.Load())
 	require.Equal(t, uint64(4*chunk), b.gotBytes.Load())
+}
+
+// servePeer serves impl as a peer's API on a loopback port.
+func servePeer(t *testing.T, impl pb.MemFSServer) string {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterMemFSServer(srv, impl)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+// newTestSync is the block sync of an empty node with a block directory.
+func newTestSync(t *testing.T, giveUp, idle time.Duration) (*blockSync, *blockdir.Dir) {
+	f, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	dir, err := blockdir.Open(t.TempDir())
+	require.NoError(t, err)
+	ps := newPeers(nil)
+	t.Cleanup(ps.close)
+	return &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
+		giveUp: giveUp, idle: idle}, dir
 }
 
 // stallingPeer claims to hold every block and never sends one.
@@ -322,28 +332,11 @@ func TestBlockNobodyDeliversIsLost(t *testing.T) {
 	s.create("/f")
 	data := uniqueBytes(2*chunk, 11)
 	writeChunks(s, "/f", 0, data)
-	serve := func(impl pb.MemFSServer) string {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		srv := grpc.NewServer()
-		pb.RegisterMemFSServer(srv, impl)
-		go func() { _ = srv.Serve(lis) }()
-		t.Cleanup(srv.Stop)
-		return lis.Addr().String()
-	}
-	liar, staller := serve(&lyingPeer{good: c.Client(good.APIAddr())}), serve(stallingPeer{})
-
-	f, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	dir, err := blockdir.Open(t.TempDir())
-	require.NoError(t, err)
-	ps := newPeers(nil)
-	t.Cleanup(ps.close)
-	b := &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
-		giveUp: 0, idle: 200 * time.Millisecond}
+	liar, staller := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())}), servePeer(t, stallingPeer{})
+	b, dir := newTestSync(t, 0, 200*time.Millisecond)
 	src := b.source(map[string]string{"liar": liar, "staller": staller})
 	want := []fsm.BlockWant{{Hash: block.Sum(data[:chunk]), Size: chunk, Ino: 2, FileSize: 2 * chunk}}
-	_, err = src.Blocks(ctxTimeout(t, 30*time.Second), want)
+	_, err := src.Blocks(ctxTimeout(t, 30*time.Second), want)
 	require.ErrorIs(t, err, syscall.EIO)
 	require.ErrorContains(t, err, "in 3 rounds")
 	require.False(t, dir.Has(want[0].Hash), "a block nobody delivered intact is not stored")

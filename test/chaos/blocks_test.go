@@ -30,41 +30,48 @@ import (
 // snapshots every node, in rounds (each snapshot writes only new blocks),
 // then kills every node (no final snapshot) and restarts them.
 func TestIncrementalChainKillAllUnderFaults(t *testing.T) {
-	for _, n := range []int{3, 5} {
-		v := variant{nodes: n, snap: true}
-		t.Run(v.String(), func(t *testing.T) {
-			t.Parallel()
-			seed := workload.Seed(t)
-			c := harness.Start(t, options(v, harness.Disk, seed))
-			ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
-			defer cancel()
-			run := startBlockRun(ctx, t, c, seed)
-			c.Net.SetDefault(workload.DefaultLossy)
-
-			for round := 1; round <= 3; round++ {
-				// Rewrite one file of the bulk data: the next snapshot
-				// writes its blocks and no other.
-				p := run.bulk[round%len(run.bulk)]
-				run.want[p] = bulkData(p, round, len(run.want[p]))
-				require.NoError(t, run.setup.WithContext(ctx).WriteFile(p, run.want[p], 0o644))
-				snapshotAll(ctx, t, c, run.setup)
-			}
-			for i := range c.Size() {
-				c.Crash(i)
-			}
-			for i := range c.Size() {
-				require.NoError(t, c.Restart(i))
-			}
-			c.WaitLeader(60 * time.Second)
-			run.finish(ctx, t, c, seed)
-		})
-	}
+	forBlockRuns(t, func(ctx context.Context, t *testing.T, c *harness.Cluster, run *blockRun) {
+		c.Net.SetDefault(workload.DefaultLossy)
+		for round := 1; round <= 3; round++ {
+			// Rewrite one file of the bulk data: the next snapshot
+			// writes its blocks and no other.
+			p := run.bulk[round%len(run.bulk)]
+			run.want[p] = bulkData(p, round, len(run.want[p]))
+			require.NoError(t, run.setup.WithContext(ctx).WriteFile(p, run.want[p], 0o644))
+			snapshotAll(ctx, t, c, run.setup)
+		}
+		for i := range c.Size() {
+			c.Crash(i)
+		}
+		for i := range c.Size() {
+			require.NoError(t, c.Restart(i))
+		}
+		c.WaitLeader(60 * time.Second)
+	})
 }
 
 // TestCorruptBlockOnDiskRepairedUnderFaults flips a byte of a bulk file's
 // block in a stopped follower's pack file; restarted under faults, it must find the
 // block bad and fetch it whole from a peer.
 func TestCorruptBlockOnDiskRepairedUnderFaults(t *testing.T) {
+	forBlockRuns(t, func(ctx context.Context, t *testing.T, c *harness.Cluster, run *blockRun) {
+		snapshotAll(ctx, t, c, run.setup)
+
+		victim := (c.WaitLeader(30*time.Second) + 1) % c.Size()
+		c.Crash(victim)
+		corruptBlock(t, filepath.Join(c.DataDir(victim), "blocks"), "/bulk/b2 version 0")
+		c.Net.SetDefault(workload.DefaultLossy)
+		require.NoError(t, c.Restart(victim))
+		require.Eventually(t, func() bool {
+			st, err := replace.LocalStatus(ctx, c.Dialer("admin"), c.APIAddr(victim))
+			return err == nil && st.SyncCorruptBlocks >= 1
+		}, 60*time.Second, 100*time.Millisecond, "the corrupt block was never noticed")
+	})
+}
+
+// forBlockRuns runs body on a 3- and a 5-node cluster (disk storage, the
+// snapshot variant) with a blockRun started, then finishes the run.
+func forBlockRuns(t *testing.T, body func(context.Context, *testing.T, *harness.Cluster, *blockRun)) {
 	for _, n := range []int{3, 5} {
 		v := variant{nodes: n, snap: true}
 		t.Run(v.String(), func(t *testing.T) {
@@ -74,17 +81,7 @@ func TestCorruptBlockOnDiskRepairedUnderFaults(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 			defer cancel()
 			run := startBlockRun(ctx, t, c, seed)
-			snapshotAll(ctx, t, c, run.setup)
-
-			victim := (c.WaitLeader(30*time.Second) + 1) % n
-			c.Crash(victim)
-			corruptBlock(t, filepath.Join(c.DataDir(victim), "blocks"), "/bulk/b2 version 0")
-			c.Net.SetDefault(workload.DefaultLossy)
-			require.NoError(t, c.Restart(victim))
-			require.Eventually(t, func() bool {
-				st, err := replace.LocalStatus(ctx, c.Dialer("admin"), c.APIAddr(victim))
-				return err == nil && st.SyncCorruptBlocks >= 1
-			}, 60*time.Second, 100*time.Millisecond, "the corrupt block was never noticed")
+			body(ctx, t, c, run)
 			run.finish(ctx, t, c, seed)
 		})
 	}
