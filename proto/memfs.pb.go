@@ -3242,8 +3242,11 @@ type NodeStatus struct {
 	DiskBlocks       uint64 `protobuf:"varint,25,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
 	DiskBytes        uint64 `protobuf:"varint,26,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	DiskBytesWritten uint64 `protobuf:"varint,27,opt,name=disk_bytes_written,json=diskBytesWritten,proto3" json:"disk_bytes_written,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Blocks fetched from peers since the process started (with
+	// sync_bytes_fetched_total: a catch-up may take several restores).
+	SyncBlocksFetchedTotal uint64 `protobuf:"varint,28,opt,name=sync_blocks_fetched_total,json=syncBlocksFetchedTotal,proto3" json:"sync_blocks_fetched_total,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -3461,6 +3464,13 @@ func (x *NodeStatus) GetDiskBytes() uint64 {
 func (x *NodeStatus) GetDiskBytesWritten() uint64 {
 	if x != nil {
 		return x.DiskBytesWritten
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSyncBlocksFetchedTotal() uint64 {
+	if x != nil {
+		return x.SyncBlocksFetchedTotal
 	}
 	return 0
 }
@@ -4422,7 +4432,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xe7\a\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xa2\b\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -4454,7 +4464,8 @@ const file_memfs_proto_rawDesc = "" +
 	"diskBlocks\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x1a \x01(\x04R\tdiskBytes\x12,\n" +
-	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\"?\n" +
+	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\x129\n" +
+	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\"?\n" +
 	"\rStatusRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"\xc9\x03\n" +

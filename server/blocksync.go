@@ -63,6 +63,7 @@ type blockSync struct {
 	restoring                                    atomic.Bool
 	wantBlocks, wantBytes, gotBlocks, gotBytes   atomic.Uint64 // the current or last restore
 	servedBytes, fetchedBytesTotal, corruptTotal atomic.Uint64
+	fetchedBlocksTotal                           atomic.Uint64
 }
 
 // data returns block h from memory or disk, or nil.
@@ -479,6 +480,7 @@ func (f *fetch) deliver(w fsm.BlockWant, data []byte) error {
 	b.gotBlocks.Add(1)
 	b.gotBytes.Add(w.Size)
 	b.fetchedBytesTotal.Add(w.Size)
+	b.fetchedBlocksTotal.Add(1)
 	return nil
 }
 
@@ -488,6 +490,7 @@ func (b *blockSync) fillStatus(ns *pb.NodeStatus) {
 	ns.SyncBytesWanted, ns.SyncBytesFetched = b.wantBytes.Load(), b.gotBytes.Load()
 	ns.Restoring = b.restoring.Load()
 	ns.SyncBytesServed, ns.SyncBytesFetchedTotal = b.servedBytes.Load(), b.fetchedBytesTotal.Load()
+	ns.SyncBlocksFetchedTotal = b.fetchedBlocksTotal.Load()
 	ns.SyncCorruptBlocks = b.corruptTotal.Load()
 	if b.dir != nil {
 		st := b.dir.Stats()

@@ -107,5 +107,6 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.SyncBytesWanted, ns.SyncBytesFetched, ns.Restoring = s.SyncBytesWanted, s.SyncBytesFetched, s.Restoring
 		ns.SyncBytesServed, ns.SyncBytesFetchedTotal, ns.SyncCorruptBlocks = s.SyncBytesServed, s.SyncBytesFetchedTotal, s.SyncCorruptBlocks
 		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
+		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
 	}
 }

@@ -327,10 +327,7 @@ func (r *replacer) summarize(ctx context.Context, st *pb.StatusResponse, sum *Su
 	if err != nil {
 		return
 	}
-	sum.SyncBlocks, sum.SyncBytes = self.SyncBlocksFetched, self.SyncBytesFetchedTotal
-	if sum.SyncBytes == 0 {
-		sum.SyncBytes = self.SyncBytesFetched
-	}
+	sum.SyncBlocks, sum.SyncBytes = self.SyncBlocksFetchedTotal, self.SyncBytesFetchedTotal
 	sum.RaftBytes, sum.AppliedAtDone = self.NetReceivedBytes, self.AppliedIndex
 }
 

@@ -85,17 +85,18 @@ type nodeReport struct {
 	NetReceivedBytes uint64 `json:"net_received_bytes"`
 	WireDedupBytes   uint64 `json:"wire_dedup_bytes"`
 	// Block sync and the block directory (docs/snapshots.md).
-	Restoring             bool   `json:"restoring"`
-	SyncBlocksWanted      uint64 `json:"sync_blocks_wanted"`
-	SyncBlocksFetched     uint64 `json:"sync_blocks_fetched"`
-	SyncBytesWanted       uint64 `json:"sync_bytes_wanted"`
-	SyncBytesFetched      uint64 `json:"sync_bytes_fetched"`
-	SyncBytesServed       uint64 `json:"sync_bytes_served"`
-	SyncBytesFetchedTotal uint64 `json:"sync_bytes_fetched_total"`
-	SyncCorruptBlocks     uint64 `json:"sync_corrupt_blocks"`
-	DiskBlocks            uint64 `json:"disk_blocks"`
-	DiskBytes             uint64 `json:"disk_bytes"`
-	DiskBytesWritten      uint64 `json:"disk_bytes_written"`
+	Restoring              bool   `json:"restoring"`
+	SyncBlocksWanted       uint64 `json:"sync_blocks_wanted"`
+	SyncBlocksFetched      uint64 `json:"sync_blocks_fetched"`
+	SyncBytesWanted        uint64 `json:"sync_bytes_wanted"`
+	SyncBytesFetched       uint64 `json:"sync_bytes_fetched"`
+	SyncBytesServed        uint64 `json:"sync_bytes_served"`
+	SyncBytesFetchedTotal  uint64 `json:"sync_bytes_fetched_total"`
+	SyncBlocksFetchedTotal uint64 `json:"sync_blocks_fetched_total"`
+	SyncCorruptBlocks      uint64 `json:"sync_corrupt_blocks"`
+	DiskBlocks             uint64 `json:"disk_blocks"`
+	DiskBytes              uint64 `json:"disk_bytes"`
+	DiskBytesWritten       uint64 `json:"disk_bytes_written"`
 }
 
 func newStatusReport(st *pb.StatusResponse) statusReport {
@@ -119,8 +120,9 @@ func newStatusReport(st *pb.StatusResponse) statusReport {
 			Restoring:      n.Restoring, SyncBlocksWanted: n.SyncBlocksWanted, SyncBlocksFetched: n.SyncBlocksFetched,
 			SyncBytesWanted: n.SyncBytesWanted, SyncBytesFetched: n.SyncBytesFetched,
 			SyncBytesServed: n.SyncBytesServed, SyncBytesFetchedTotal: n.SyncBytesFetchedTotal,
-			SyncCorruptBlocks: n.SyncCorruptBlocks,
-			DiskBlocks:        n.DiskBlocks, DiskBytes: n.DiskBytes, DiskBytesWritten: n.DiskBytesWritten,
+			SyncBlocksFetchedTotal: n.SyncBlocksFetchedTotal,
+			SyncCorruptBlocks:      n.SyncCorruptBlocks,
+			DiskBlocks:             n.DiskBlocks, DiskBytes: n.DiskBytes, DiskBytesWritten: n.DiskBytesWritten,
 		})
 	}
 	return r
