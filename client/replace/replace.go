@@ -211,24 +211,47 @@ func (r *replacer) run(ctx context.Context) (Summary, error) {
 		stage = StagePromoted
 	}
 
-	// 4. Remove the old node; a leader hands leadership over first.
-	oldLed, err := r.removeOld(ctx)
-	if err != nil {
-		return fail(err)
-	}
+	// 4. Remove the old node (a leader hands leadership over first) and
+	// 5. verify: a leader among the new voters, old gone, new voting.
+	final, oldLed, err := r.removeAndVerify(ctx, st)
 	sum.OldWasLeader = sum.OldWasLeader || oldLed
-	stage = StageRemoved
-	r.forgetOld(st)
-
-	// 5. Verify: a leader among the new voters, old gone, new voting.
-	st, err = r.waitFinal(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	r.summarize(ctx, st, &sum)
+	r.summarize(ctx, final, &sum)
 	sum.Elapsed = time.Since(start)
 	return sum, nil
 }
+
+// removeAndVerify removes the old node and waits for the final
+// configuration. A removal that a node reported done may still be undone:
+// the configuration entry was appended but not committed when leadership
+// moved. Then the old node is removed again, up to three times in all. st
+// is the membership before, which names the old node's API address.
+func (r *replacer) removeAndVerify(ctx context.Context, st *pb.StatusResponse) (*pb.StatusResponse, bool, error) {
+	const attempts = 3
+	var led bool
+	for i := 1; ; i++ {
+		l, err := r.removeOld(ctx)
+		led = led || l
+		if err != nil {
+			return nil, led, err
+		}
+		r.forgetOld(st)
+		final, err := r.waitFinal(ctx)
+		if err == nil || !errors.Is(err, errStillMember) || i == attempts {
+			return final, led, err
+		}
+		r.note("%s is a member again (its removal was not committed); removing it again", r.opts.Old)
+	}
+}
+
+// errStillMember: the old node is in the configuration after its removal.
+var errStillMember = errors.New("still in the configuration")
+
+// stillMemberGrace is how long the leader may take to show a removal it
+// answered for before it counts as undone.
+const stillMemberGrace = 3 * time.Second
 
 // preflight checks the plan against the membership st and says how far
 // an earlier run got.
@@ -458,7 +481,7 @@ func (r *replacer) join(ctx context.Context, nonvoter bool) error {
 	o := r.opts
 	req := &pb.JoinRequest{Version: pb.Version, Id: o.New.ID, RaftAddr: o.New.RaftAddr, ApiAddr: o.New.APIAddr, Nonvoter: nonvoter}
 	return r.retry(ctx, func(ctx context.Context) error {
-		return r.call(ctx, func(ctx context.Context, c pb.MemFSClient) error {
+		return r.call(ctx, r.opts.StepTimeout/3, func(ctx context.Context, c pb.MemFSClient) error {
 			_, err := c.Join(ctx, req)
 			return err
 		})
@@ -478,7 +501,7 @@ func (r *replacer) join(ctx context.Context, nonvoter bool) error {
 func (r *replacer) remove(ctx context.Context) error {
 	req := &pb.RemoveNodeRequest{Version: pb.Version, Id: r.opts.Old}
 	return r.retry(ctx, func(ctx context.Context) error {
-		err := r.call(ctx, func(ctx context.Context, c pb.MemFSClient) error {
+		err := r.call(ctx, r.opts.StepTimeout/3, func(ctx context.Context, c pb.MemFSClient) error {
 			_, err := c.RemoveNode(ctx, req)
 			return err
 		})
@@ -530,18 +553,28 @@ func retryable(err error) bool {
 }
 
 // waitFinal polls until a leader other than the old node is known and the
-// configuration has the new node voting and no old node.
+// configuration has the new node voting and no old node. An old node that
+// stays in the configuration for stillMemberGrace ends the wait early.
 func (r *replacer) waitFinal(ctx context.Context) (*pb.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
 	defer cancel()
 	var last error
+	var stillSince time.Time
 	for {
 		st, err := r.clusterStatus(ctx)
 		if err == nil {
-			n := FindNode(st, r.opts.New.ID)
+			n := FindNode(st, r.opts.Old)
+			if n == nil {
+				stillSince = time.Time{}
+			} else if stillSince.IsZero() {
+				stillSince = time.Now()
+			}
+			n = FindNode(st, r.opts.New.ID)
 			switch {
-			case FindNode(st, r.opts.Old) != nil:
-				err = fmt.Errorf("%s still in the configuration", r.opts.Old)
+			case !stillSince.IsZero() && time.Since(stillSince) >= stillMemberGrace:
+				return nil, fmt.Errorf("%s %w", r.opts.Old, errStillMember)
+			case !stillSince.IsZero():
+				err = fmt.Errorf("%s %w", r.opts.Old, errStillMember)
 			case n == nil || !n.Voter:
 				err = fmt.Errorf("%s is not a voter", r.opts.New.ID)
 			case st.Leader == "" || st.Leader == r.opts.Old:

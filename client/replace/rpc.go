@@ -40,7 +40,9 @@ func Dial(addr string, dial client.Dialer) (*grpc.ClientConn, error) {
 }
 
 // CallAddrs runs fn against addrs in turn until one answers with anything
-// but UNAVAILABLE. When none does, the error lists each address's reason.
+// but UNAVAILABLE (or DEADLINE_EXCEEDED while ctx itself has time left: fn
+// may bound each attempt). When none does, the error lists each address's
+// reason.
 func CallAddrs(ctx context.Context, dial client.Dialer, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
 	var errs []error
 	for _, addr := range addrs {
@@ -51,7 +53,10 @@ func CallAddrs(ctx context.Context, dial client.Dialer, addrs []string, fn func(
 		}
 		err = fn(ctx, pb.NewMemFSClient(conn))
 		_ = conn.Close()
-		if status.Code(err) != codes.Unavailable {
+		switch code := status.Code(err); {
+		case code == codes.Unavailable:
+		case code == codes.DeadlineExceeded && ctx.Err() == nil:
+		default:
 			return err
 		}
 		errs = append(errs, fmt.Errorf("%s: %s", addr, status.Convert(err).Message()))
@@ -90,26 +95,54 @@ func FindNode(st *pb.StatusResponse, id string) *pb.NodeStatus {
 }
 
 // call runs fn against the cluster members in turn (not the new node: it
-// may not know the leader yet). Each attempt is bounded by StepTimeout.
-func (r *replacer) call(ctx context.Context, fn func(context.Context, pb.MemFSClient) error) error {
+// may not know the leader yet), each attempt bounded by per, all of them
+// by StepTimeout.
+func (r *replacer) call(ctx context.Context, per time.Duration, fn func(context.Context, pb.MemFSClient) error) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
 	defer cancel()
-	return CallAddrs(ctx, r.opts.Dialer, r.opts.Cluster, fn)
+	return CallAddrs(ctx, r.opts.Dialer, r.opts.Cluster, func(ctx context.Context, c pb.MemFSClient) error {
+		ctx, cancel := context.WithTimeout(ctx, per)
+		defer cancel()
+		return fn(ctx, c)
+	})
 }
 
-// clusterStatus is the leader's view of the membership, with each node's
-// own report.
+// statusAttempt bounds one Status call: a node asks its peers for at most
+// a second each (server.peerStatusTimeout), so a call that takes longer
+// met a lossy link, and the next node may answer at once.
+const statusAttempt = 5 * time.Second
+
+// clusterStatus is the membership as the leader sees it, with each node's
+// own report. A follower's view may hold a configuration change that is
+// not committed (and may yet be undone), so when a follower answered the
+// leader is asked too; its answer wins when it comes.
 func (r *replacer) clusterStatus(ctx context.Context) (*pb.StatusResponse, error) {
+	ask := func(ctx context.Context, c pb.MemFSClient) (*pb.StatusResponse, error) {
+		return c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
+	}
 	var st *pb.StatusResponse
-	err := r.call(ctx, func(ctx context.Context, c pb.MemFSClient) error {
+	err := r.call(ctx, min(statusAttempt, r.opts.StepTimeout), func(ctx context.Context, c pb.MemFSClient) error {
 		var err error
-		st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
+		st, err = ask(ctx, c)
 		return err
 	})
-	if err == nil {
-		r.leaderAPI = st.LeaderApiAddr
+	if err != nil {
+		return nil, err
 	}
-	return st, err
+	r.leaderAPI = st.LeaderApiAddr
+	if st.GetSelf().GetState() == "Leader" || st.LeaderApiAddr == "" {
+		return st, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, min(statusAttempt, r.opts.StepTimeout))
+	defer cancel()
+	_ = CallAddrs(lctx, r.opts.Dialer, []string{st.LeaderApiAddr}, func(ctx context.Context, c pb.MemFSClient) error {
+		lst, err := ask(ctx, c)
+		if err == nil && lst.GetSelf().GetState() == "Leader" {
+			st = lst
+		}
+		return err
+	})
+	return st, nil
 }
 
 // localStatus is one node's report on itself, bounded by StepTimeout and
