@@ -279,3 +279,58 @@ func TestReadWindowsNeverStale(t *testing.T) {
 	require.True(t, bytes.Equal(content, all))
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
+
+// TestSequentialDetection: a reader moving forward, with the kernel's
+// out-of-order requests, is sequential; jumps are not.
+func TestSequentialDetection(t *testing.T) {
+	var r raState
+	const w = raWindow
+	for i, c := range []struct {
+		start int64
+		want  bool
+	}{
+		{0, true}, {w, true}, {0, true}, {2 * w, true}, {w, true}, {3 * w, true},
+		{10 * w, false}, {11 * w, true}, {2 * w, false}, {3 * w, true},
+		{0, false}, {w, true}, {0, true}, {2 * w, true}, // a second pass
+	} {
+		require.Equal(t, c.want, r.sequential(c.start), "read %d at window %d", i, c.start/w)
+	}
+	var fresh raState
+	require.False(t, fresh.sequential(5*w), "a first read in the middle is a jump")
+}
+
+// TestReadaheadDepth: a sequential reader has raAhead windows fetched
+// ahead of the one it reads; a large read that jumps fetches only its own.
+func TestReadaheadDepth(t *testing.T) {
+	ops, _ := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	chunk := bytes.Repeat([]byte{7}, 128<<10)
+	for off := int64(0); off < 12*raWindow; off += int64(len(chunk)) {
+		_, e := ops.Write(ctx, a.Ino, out.Handle, off, chunk)
+		require.Zero(t, e)
+	}
+	windows := func() []int64 {
+		f := ops.file(out.Handle)
+		f.ra.mu.Lock()
+		defer f.ra.mu.Unlock()
+		var starts []int64
+		for _, w := range f.ra.windows {
+			starts = append(starts, w.off/raWindow)
+		}
+		return starts
+	}
+	buf := make([]byte, 128<<10)
+	_, e = ops.Read(ctx, a.Ino, out.Handle, 0, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2}, windows())
+	_, e = ops.Read(ctx, a.Ino, out.Handle, raWindow, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2, 3}, windows())
+
+	_, e = ops.Read(ctx, a.Ino, out.Handle, 9*raWindow, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2, 3, 9}, windows(), "a jump fetches its own window only")
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}
