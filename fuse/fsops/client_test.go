@@ -271,6 +271,16 @@ func TestReadWindowsNeverStale(t *testing.T) {
 	data, _ := rec.count(a.Ino, "")
 	require.Positive(t, data, "the change event reached the invalidator")
 
+	// A write by another client into a window fetched ahead (reading
+	// window 0 fetched windows 1 and 2), before the reader gets there.
+	_, _, err = other.WriteIno(ctx, a.Ino, 2<<20+5000, []byte("AHEAD"))
+	require.NoError(t, err)
+	copy(content[2<<20+5000:], "AHEAD")
+	for !bytes.Equal(content[2<<20:2<<20+128<<10], read(2<<20)) {
+		require.True(t, time.Now().Before(deadline), "another client's write never showed through a window fetched ahead")
+		time.Sleep(time.Millisecond) // polling interval
+	}
+
 	// The whole file, through windows, matches.
 	var all []byte
 	for off := int64(0); off < int64(len(content)); off += 128 << 10 {
