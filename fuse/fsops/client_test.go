@@ -344,3 +344,102 @@ func TestReadaheadDepth(t *testing.T) {
 	require.Equal(t, []int64{0, 1, 2, 3, 9}, windows(), "a jump fetches its own window only")
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
+
+// TestAttrBehind: mode, owner and explicit-time changes to a file open
+// here are held until the descriptor is flushed (tar's write, futimens,
+// fchown, fchmod, close), answered with the attributes the file will
+// have, and committed in order with the data.
+func TestAttrBehind(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o600, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, make([]byte, 4608))
+	require.Zero(t, e)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	got, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime, SetAtime: true, Atime: mtime})
+	require.Zero(t, e)
+	require.True(t, mtime.Equal(got.Mtime))
+	require.Equal(t, uint64(4608), got.Size, "the answer includes the collected write")
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetUid: true, Uid: 42, SetGid: true, Gid: 43})
+	require.Zero(t, e)
+	got, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o644})
+	require.Zero(t, e)
+	want := func(a Attr) {
+		t.Helper()
+		require.Equal(t, uint32(syscall.S_IFREG|0o644), a.Mode)
+		require.Equal(t, [2]uint32{42, 43}, [2]uint32{a.Uid, a.Gid})
+		require.True(t, mtime.Equal(a.Mtime), "mtime %v", a.Mtime)
+		require.Equal(t, uint64(4608), a.Size)
+	}
+	want(got)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	want(got)
+
+	// Held, not yet committed: the cluster still has the old mode.
+	pa, err := other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o600), pa.GetMode()&0o7777)
+
+	// close(2): data and attributes are committed, data first.
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	want(attrOf(pa))
+
+	// A write after a held mtime still moves the mtime.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 4608, []byte("more"))
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.True(t, time.Unix(0, pa.GetMtimeNs()).After(mtime), "the later write set the mtime")
+	require.Equal(t, uint64(4612), pa.GetSize())
+
+	// While changes are held, another client's changes are still seen.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	_, _, err = other.WriteIno(ctx, a.Ino, 10000, []byte("theirs"))
+	require.NoError(t, err)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint64(10006), got.Size)
+
+	// fsync commits held changes.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o640})
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o640), pa.GetMode()&0o7777)
+
+	// Set-ID bits are never held.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o4755})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o4755), pa.GetMode()&0o7777)
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o644})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o644), pa.GetMode()&0o7777, "a change to a set-ID file is not held either")
+
+	// The last release commits what is held, without a flush.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o600})
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o600), pa.GetMode()&0o7777)
+
+	// A file not open here: committed at once.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o604})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o604), pa.GetMode()&0o7777)
+}
