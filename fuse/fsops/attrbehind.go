@@ -2,6 +2,7 @@ package fsops
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -32,7 +33,12 @@ import (
 //     set-user-ID or set-group-ID bit, whose clearing rules the answer
 //     would have to predict.
 //   - The answer is the cluster's current attributes (a linearizable
-//     query, not a commit) with the held changes applied. GETATTR and
+//     query, not a commit) with the held changes applied. The queried
+//     attributes are reused for the next answers while the change stream
+//     is received and names no change of the inode (dropWindows, called
+//     for every change event and after every commit of this mount's
+//     writes, bumps gen): tar's three calls and the kernel's GETATTR
+//     between them cost one query. GETATTR and
 //     LOOKUP of the inode answer the same way while changes are held, as
 //     long as an explicit mtime is among them (otherwise the commit of
 //     the collected data decides the mtime, and they drain first, as
@@ -48,6 +54,11 @@ type attrState struct {
 	mu   chan struct{} // a one-token lock that can be held across an RPC
 	held SetAttrIn     // guarded by mu: merged changes not yet committed
 	any  bool          // guarded by mu: held is not empty
+
+	gen     atomic.Uint64 // bumped whenever the cluster's attributes may have changed
+	view    Attr          // guarded by mu: the cluster's attributes as of viewGen
+	viewGen uint64        // guarded by mu
+	viewSet bool          // guarded by mu: view is usable if gen is still viewGen
 }
 
 func newAttrState() *attrState {
@@ -154,7 +165,7 @@ func (o *ClientOps) deferSetAttr(ctx context.Context, ino uint64, in SetAttrIn) 
 	if !o.current(ino, s) {
 		return Attr{}, false, 0
 	}
-	cur, e := o.clusterAttr(ctx, ino)
+	cur, e := o.viewOf(ctx, ino, s)
 	if e != 0 {
 		return Attr{}, false, e
 	}
@@ -178,7 +189,7 @@ func (o *ClientOps) heldAttr(ctx context.Context, ino uint64) (a Attr, ok bool, 
 	if !s.any || !s.held.SetMtime {
 		return Attr{}, false, 0
 	}
-	cur, e := o.clusterAttr(ctx, ino)
+	cur, e := o.viewOf(ctx, ino, s)
 	if e != 0 {
 		return Attr{}, false, e
 	}
@@ -193,6 +204,24 @@ func (o *ClientOps) withHeld(ino uint64, cur Attr, held SetAttrIn) Attr {
 		a.Size = end
 	}
 	return a
+}
+
+// viewOf returns the cluster's attributes of ino: the ones s last got
+// if nothing may have changed them since and the change stream is being
+// received, else fresh ones. s is locked.
+func (o *ClientOps) viewOf(ctx context.Context, ino uint64, s *attrState) (Attr, syscall.Errno) {
+	g := s.gen.Load()
+	if s.viewSet && s.viewGen == g && o.watching.Load() {
+		return s.view, 0
+	}
+	cur, e := o.clusterAttr(ctx, ino)
+	if e != 0 {
+		return Attr{}, e
+	}
+	// g was read before the query: a change that arrived meanwhile makes
+	// the next call ask again.
+	s.view, s.viewGen, s.viewSet = cur, g, true
+	return cur, 0
 }
 
 // clusterAttr asks the cluster for ino's attributes without draining.
@@ -236,7 +265,7 @@ func (o *ClientOps) commitLocked(ino uint64, s *attrState) error {
 		return nil
 	}
 	held := s.held
-	s.held, s.any = SetAttrIn{}, false
+	s.held, s.any, s.viewSet = SetAttrIn{}, false, false
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
 	_, err := o.c.SetAttr(ctx, setAttrCmd(ino, held))

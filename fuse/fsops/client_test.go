@@ -443,3 +443,45 @@ func TestAttrBehind(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint32(0o604), pa.GetMode()&0o7777)
 }
+
+// TestAttrBehindSeesOthers: while changes are held and the change stream
+// is received, the answers reuse the cluster's attributes, until a change
+// by another client is announced.
+func TestAttrBehindSeesOthers(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &recorder{data: map[uint64]int{}, entries: map[string]int{}}
+	go ops.Watch(ctx, rec)
+	for !ops.watching.Load() {
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o600, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("mine"))
+	require.Zero(t, e)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	got, e := ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint64(4), got.Size)
+
+	_, _, err := other.WriteIno(ctx, a.Ino, 100, []byte("theirs"))
+	require.NoError(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, e = ops.GetAttr(ctx, a.Ino)
+		require.Zero(t, e)
+		if got.Size == 106 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "another client's write never showed in the held answer (size %d)", got.Size)
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	require.True(t, mtime.Equal(got.Mtime), "the held mtime stays")
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	pa, err := other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.True(t, mtime.Equal(time.Unix(0, pa.GetMtimeNs())))
+}

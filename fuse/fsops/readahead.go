@@ -88,12 +88,30 @@ func (o *ClientOps) dropWindows(ino uint64) {
 	for _, f := range o.files[ino] {
 		fs = append(fs, f)
 	}
+	if s := o.attrs[ino]; s != nil {
+		// The attributes held changes were answered with are stale too.
+		s.gen.Add(1)
+	}
 	o.filesMu.Unlock()
 	for _, f := range fs {
 		f.ra.mu.Lock()
 		f.ra.gen++
 		f.ra.windows = nil
 		f.ra.mu.Unlock()
+	}
+}
+
+// dropAllWindows is dropWindows for every inode open here, for when
+// change events may have been missed.
+func (o *ClientOps) dropAllWindows() {
+	o.filesMu.Lock()
+	inos := make([]uint64, 0, len(o.files))
+	for ino := range o.files {
+		inos = append(inos, ino)
+	}
+	o.filesMu.Unlock()
+	for _, ino := range inos {
+		o.dropWindows(ino)
 	}
 }
 
