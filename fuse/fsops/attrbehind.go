@@ -37,7 +37,8 @@ import (
 //     attributes are reused for the next answers while the change stream
 //     is received and names no change of the inode (dropWindows, called
 //     for every change event and after every commit of this mount's
-//     writes, bumps gen): tar's three calls and the kernel's GETATTR
+//     writes, bumps gen; so do this mount's unlinks, renames and links):
+//     tar's three calls and the kernel's GETATTR
 //     between them cost one query. GETATTR and
 //     LOOKUP of the inode answer the same way while changes are held, as
 //     long as an explicit mtime is among them (otherwise the commit of
@@ -222,6 +223,18 @@ func (o *ClientOps) viewOf(ctx context.Context, ino uint64, s *attrState) (Attr,
 	// the next call ask again.
 	s.view, s.viewGen, s.viewSet = cur, g, true
 	return cur, 0
+}
+
+// staleViews drops every reused view of the cluster's attributes, after
+// a change through this mount whose inode it does not know (an unlink or
+// a rename names an entry): the change event would drop the right one,
+// but only once it arrives.
+func (o *ClientOps) staleViews() {
+	o.filesMu.Lock()
+	defer o.filesMu.Unlock()
+	for _, s := range o.attrs {
+		s.gen.Add(1)
+	}
 }
 
 // clusterAttr asks the cluster for ino's attributes without draining.

@@ -508,6 +508,7 @@ func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Ca
 		return e
 	}
 	_, e = o.do(ctx, "unlink", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), FileOnly: true}}})
+	o.staleViews() // the removed inode's nlink and ctime changed
 	return e
 }
 
@@ -523,6 +524,7 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
 		Src: entry(parent, name), Dst: entry(newParent, newName),
 	}}})
+	o.staleViews() // a replaced target lost a link; the renamed inode has a new ctime
 	return e
 }
 
@@ -555,6 +557,7 @@ func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName str
 	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
 		Src: inode(ino), Dst: entry(newParent, newName),
 	}}})
+	o.staleViews() // the inode gained a link
 	if e != 0 {
 		return Attr{}, e
 	}
