@@ -23,7 +23,9 @@ import (
 //   - Every operation whose answer depends on the file's data or size
 //     (getattr, lookup, setattr, read, open, link, fsync) first drains
 //     the inode's buffers (barrier), so the kernel never sees a size
-//     older than the writes it was told succeeded.
+//     older than the writes it was told succeeded. The one exception,
+//     an answer while attribute changes are held (attrbehind.go), adds
+//     the collected writes to the size it reports instead.
 //   - Flush (each close), Fsync and Release drain and report the first
 //     error of a background commit, as NFS does. Another mount or client
 //     sees the data once it is committed: at the latest when the writer
