@@ -2,6 +2,7 @@ package fsops
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -38,13 +39,12 @@ import (
 //     is received and names no change of the inode (dropWindows, called
 //     for every change event and after every commit of this mount's
 //     writes, bumps gen; so do this mount's unlinks, renames and links):
-//     tar's three calls and the kernel's GETATTR
-//     between them cost one query. GETATTR and
-//     LOOKUP of the inode answer the same way while changes are held, as
-//     long as an explicit mtime is among them (otherwise the commit of
-//     the collected data decides the mtime, and they drain first, as
-//     before). ctime is this host's clock until the commit sets the
-//     cluster's.
+//     tar's three calls and the kernel's GETATTR between them cost one
+//     query. GETATTR and LOOKUP of the inode answer the same way while
+//     changes are held, as long as an explicit mtime is among them
+//     (otherwise the commit of the collected data decides the mtime, and
+//     they drain first, as before). ctime is this host's clock until the
+//     commit sets the cluster's.
 //
 // LOCK ORDERING: attrState.mu before ClientOps.filesMu (and what follows
 // it in writebehind.go). attrState.mu is held across the commit, so the
@@ -52,9 +52,9 @@ import (
 
 // attrState is the held attribute changes of one inode.
 type attrState struct {
-	mu   chan struct{} // a one-token lock that can be held across an RPC
-	held SetAttrIn     // guarded by mu: merged changes not yet committed
-	any  bool          // guarded by mu: held is not empty
+	mu   sync.Mutex // held across the commit RPC
+	held SetAttrIn  // guarded by mu: merged changes not yet committed
+	any  bool       // guarded by mu: held is not empty
 
 	gen     atomic.Uint64 // bumped whenever the cluster's attributes may have changed
 	view    Attr          // guarded by mu: the cluster's attributes as of viewGen
@@ -62,12 +62,10 @@ type attrState struct {
 	viewSet bool          // guarded by mu: view is usable if gen is still viewGen
 }
 
-func newAttrState() *attrState {
-	return &attrState{mu: make(chan struct{}, 1)}
-}
+func newAttrState() *attrState { return &attrState{} }
 
-func (s *attrState) lock()   { s.mu <- struct{}{} }
-func (s *attrState) unlock() { <-s.mu }
+func (s *attrState) lock()   { s.mu.Lock() }
+func (s *attrState) unlock() { s.mu.Unlock() }
 
 // holdable reports whether in may be held: mode, owner and explicit
 // times only, without set-ID bits.
