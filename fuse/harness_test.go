@@ -79,6 +79,12 @@ func pollProbe(t *testing.T, dir string) {
 	within(t, 20*time.Second, "poll probe", func() error {
 		p := filepath.Join(dir, ".poll-probe")
 		fd, err := syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
+		for err == syscall.EINTR {
+			// A signal to this thread interrupted the FUSE request (the
+			// mount answers an interrupted request EINTR); package os
+			// retries such calls too.
+			fd, err = syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
+		}
 		if err != nil {
 			return err
 		}

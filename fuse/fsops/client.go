@@ -46,6 +46,7 @@ type ClientOps struct {
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
 	byHandle map[uint64]*openFile            // guarded by filesMu
+	attrs    map[uint64]*attrState           // guarded by filesMu: held attribute changes (attrbehind.go)
 }
 
 var _ Ops = (*ClientOps)(nil)
@@ -60,6 +61,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 		capMiss:  capMissCache{m: map[uint64]time.Time{}},
 		files:    map[uint64]map[uint64]*openFile{},
 		byHandle: map[uint64]*openFile{},
+		attrs:    map[uint64]*attrState{},
 	}
 }
 
@@ -112,6 +114,9 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 // GetAttr implements Ops.
 func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.Errno) {
 	defer guard("getattr", &e)
+	if a, ok, e := o.heldAttr(ctx, ino); ok || e != 0 {
+		return a, e
+	}
 	o.barrier(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
@@ -122,13 +127,33 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 	return attrOf(pa), 0
 }
 
-// SetAttr implements Ops.
+// SetAttr implements Ops. A change of mode, owner or explicit times to a
+// file this mount has open may be held back and committed with the
+// file's writes (see attrbehind.go).
 func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a Attr, e syscall.Errno) {
 	defer guard("setattr", &e)
+	if in.SetSize && in.Size > 1<<62 {
+		return Attr{}, syscall.EFBIG
+	}
+	if a, ok, e := o.deferSetAttr(ctx, ino, in); ok || e != 0 {
+		return a, e
+	}
 	o.barrier(ino)
 	defer o.dropWindows(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
+	pa, err := o.c.SetAttr(ctx, setAttrCmd(ino, in))
+	if err != nil {
+		return Attr{}, errnoOf("setattr", err)
+	}
+	if pa == nil {
+		return o.GetAttr(ctx, ino)
+	}
+	return attrOf(pa), 0
+}
+
+// setAttrCmd is the cluster's command for in.
+func setAttrCmd(ino uint64, in SetAttrIn) *pb.SetAttrCmd {
 	cmd := &pb.SetAttrCmd{Loc: inode(ino), Mode: in.Mode, Uid: in.Uid, Gid: in.Gid, Size: int64(in.Size), Handle: in.Handle}
 	set := func(on bool, bit pb.SetAttrBit) {
 		if on {
@@ -149,17 +174,7 @@ func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a At
 	if in.SetMtime && !in.MtimeNow {
 		cmd.MtimeNs = in.Mtime.UnixNano()
 	}
-	if in.SetSize && in.Size > 1<<62 {
-		return Attr{}, syscall.EFBIG
-	}
-	pa, err := o.c.SetAttr(ctx, cmd)
-	if err != nil {
-		return Attr{}, errnoOf("setattr", err)
-	}
-	if pa == nil {
-		return o.GetAttr(ctx, ino)
-	}
-	return attrOf(pa), 0
+	return cmd
 }
 
 // Access implements Ops with the classic owner/group/other check. The
@@ -308,6 +323,11 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, data []byte) (n int, e syscall.Errno) {
 	defer guard("write", &e)
 	o.dropWindows(ino)
+	if o.hasHeld(ino) {
+		// Held attribute changes were made before this write and go to
+		// the cluster first, so that the write still moves the mtime.
+		o.barrier(ino)
+	}
 	if f := o.file(handle); f != nil {
 		if err := f.peekErr(); err != nil {
 			return 0, errnoOf("write", err)
@@ -340,6 +360,7 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 		return 0
 	}
 	o.drain(f)
+	_ = o.commitHeld(f.ino) // a failure is recorded on f
 	return ToErrno(f.takeErr())
 }
 
@@ -364,10 +385,10 @@ func (o *ClientOps) Release(ctx context.Context, _, handle uint64) (e syscall.Er
 	defer guard("release", &e)
 	if f := o.file(handle); f != nil {
 		o.drain(f)
+		o.retire(f)
 		if err := f.takeErr(); err != nil {
 			errnoOf("release", err)
 		}
-		defer o.unregister(f)
 	}
 	ctx, cancel := o.bound(context.WithoutCancel(ctx))
 	defer cancel()
@@ -487,6 +508,7 @@ func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Ca
 		return e
 	}
 	_, e = o.do(ctx, "unlink", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), FileOnly: true}}})
+	o.staleViews() // the removed inode's nlink and ctime changed
 	return e
 }
 
@@ -502,6 +524,7 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
 		Src: entry(parent, name), Dst: entry(newParent, newName),
 	}}})
+	o.staleViews() // a replaced target lost a link; the renamed inode has a new ctime
 	return e
 }
 
@@ -534,6 +557,7 @@ func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName str
 	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
 		Src: inode(ino), Dst: entry(newParent, newName),
 	}}})
+	o.staleViews() // the inode gained a link
 	if e != 0 {
 		return Attr{}, e
 	}

@@ -271,11 +271,267 @@ func TestReadWindowsNeverStale(t *testing.T) {
 	data, _ := rec.count(a.Ino, "")
 	require.Positive(t, data, "the change event reached the invalidator")
 
+	// A write by another client into a window fetched ahead (reading
+	// window 0 fetched windows 1 and 2), before the reader gets there.
+	_, _, err = other.WriteIno(ctx, a.Ino, 2<<20+5000, []byte("AHEAD"))
+	require.NoError(t, err)
+	copy(content[2<<20+5000:], "AHEAD")
+	for !bytes.Equal(content[2<<20:2<<20+128<<10], read(2<<20)) {
+		require.True(t, time.Now().Before(deadline), "another client's write never showed through a window fetched ahead")
+		time.Sleep(time.Millisecond) // polling interval
+	}
+
 	// The whole file, through windows, matches.
 	var all []byte
 	for off := int64(0); off < int64(len(content)); off += 128 << 10 {
 		all = append(all, read(off)...)
 	}
 	require.True(t, bytes.Equal(content, all))
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}
+
+// TestSequentialDetection: a reader moving forward, with the kernel's
+// out-of-order requests, is sequential; jumps are not.
+func TestSequentialDetection(t *testing.T) {
+	var r raState
+	const w = raWindow
+	for i, c := range []struct {
+		start int64
+		want  bool
+	}{
+		{0, true}, {w, true}, {0, true}, {2 * w, true}, {w, true}, {3 * w, true},
+		{10 * w, false}, {11 * w, true}, {2 * w, false}, {3 * w, true},
+		{0, false}, {w, true}, {0, true}, {2 * w, true}, // a second pass
+	} {
+		require.Equal(t, c.want, r.sequential(c.start), "read %d at window %d", i, c.start/w)
+	}
+	var fresh raState
+	require.False(t, fresh.sequential(5*w), "a first read in the middle is a jump")
+}
+
+// TestReadaheadDepth: a sequential reader has raAhead windows fetched
+// ahead of the one it reads; a large read that jumps fetches only its own.
+func TestReadaheadDepth(t *testing.T) {
+	ops, _ := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	chunk := bytes.Repeat([]byte{7}, 128<<10)
+	for off := int64(0); off < 12*raWindow; off += int64(len(chunk)) {
+		_, e := ops.Write(ctx, a.Ino, out.Handle, off, chunk)
+		require.Zero(t, e)
+	}
+	windows := func() []int64 {
+		f := ops.file(out.Handle)
+		f.ra.mu.Lock()
+		defer f.ra.mu.Unlock()
+		var starts []int64
+		for _, w := range f.ra.windows {
+			starts = append(starts, w.off/raWindow)
+		}
+		return starts
+	}
+	buf := make([]byte, 128<<10)
+	_, e = ops.Read(ctx, a.Ino, out.Handle, 0, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2}, windows())
+	_, e = ops.Read(ctx, a.Ino, out.Handle, raWindow, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2, 3}, windows())
+
+	_, e = ops.Read(ctx, a.Ino, out.Handle, 9*raWindow, buf)
+	require.Zero(t, e)
+	require.Equal(t, []int64{0, 1, 2, 3, 9}, windows(), "a jump fetches its own window only")
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}
+
+// TestAttrBehind: mode, owner and explicit-time changes to a file open
+// here are held until the descriptor is flushed (tar's write, futimens,
+// fchown, fchmod, close), answered with the attributes the file will
+// have, and committed in order with the data.
+func TestAttrBehind(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o600, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, make([]byte, 4608))
+	require.Zero(t, e)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	got, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime, SetAtime: true, Atime: mtime})
+	require.Zero(t, e)
+	require.True(t, mtime.Equal(got.Mtime))
+	require.Equal(t, uint64(4608), got.Size, "the answer includes the collected write")
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetUid: true, Uid: 42, SetGid: true, Gid: 43})
+	require.Zero(t, e)
+	got, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o644})
+	require.Zero(t, e)
+	want := func(a Attr) {
+		t.Helper()
+		require.Equal(t, uint32(syscall.S_IFREG|0o644), a.Mode)
+		require.Equal(t, [2]uint32{42, 43}, [2]uint32{a.Uid, a.Gid})
+		require.True(t, mtime.Equal(a.Mtime), "mtime %v", a.Mtime)
+		require.Equal(t, uint64(4608), a.Size)
+	}
+	want(got)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	want(got)
+
+	// Held, not yet committed: the cluster still has the old mode.
+	pa, err := other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o600), pa.GetMode()&0o7777)
+
+	// close(2): data and attributes are committed, data first.
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	want(attrOf(pa))
+
+	// A write after a held mtime still moves the mtime.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 4608, []byte("more"))
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.True(t, time.Unix(0, pa.GetMtimeNs()).After(mtime), "the later write set the mtime")
+	require.Equal(t, uint64(4612), pa.GetSize())
+
+	// While changes are held, another client's changes are still seen.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	_, _, err = other.WriteIno(ctx, a.Ino, 10000, []byte("theirs"))
+	require.NoError(t, err)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint64(10006), got.Size)
+
+	// fsync commits held changes.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o640})
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o640), pa.GetMode()&0o7777)
+
+	// Set-ID bits are never held.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o4755})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o4755), pa.GetMode()&0o7777)
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o644})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o644), pa.GetMode()&0o7777, "a change to a set-ID file is not held either")
+
+	// The last release commits what is held, without a flush.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o600})
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o600), pa.GetMode()&0o7777)
+
+	// A file not open here: committed at once.
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o604})
+	require.Zero(t, e)
+	pa, err = other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o604), pa.GetMode()&0o7777)
+}
+
+// TestAttrBehindSeesOthers: while changes are held and the change stream
+// is received, the answers reuse the cluster's attributes, until a change
+// by another client is announced.
+func TestAttrBehindSeesOthers(t *testing.T) {
+	ops, other := newOps(t, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &recorder{data: map[uint64]int{}, entries: map[string]int{}}
+	go ops.Watch(ctx, rec)
+	for !ops.watching.Load() {
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o600, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("mine"))
+	require.Zero(t, e)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	got, e := ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint64(4), got.Size)
+
+	_, _, err := other.WriteIno(ctx, a.Ino, 100, []byte("theirs"))
+	require.NoError(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, e = ops.GetAttr(ctx, a.Ino)
+		require.Zero(t, e)
+		if got.Size == 106 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "another client's write never showed in the held answer (size %d)", got.Size)
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	require.True(t, mtime.Equal(got.Mtime), "the held mtime stays")
+
+	// This mount's own link and unlink show at once, before their
+	// change events arrive (the link commits what is held; hold again).
+	_, e = ops.Link(ctx, a.Ino, RootIno, "g")
+	require.Zero(t, e)
+	_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+	require.Zero(t, e)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint32(2), got.Nlink)
+	require.Zero(t, ops.Unlink(ctx, RootIno, "g", root))
+	require.Zero(t, ops.Unlink(ctx, RootIno, "f", root))
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.Equal(t, uint32(0), got.Nlink)
+	require.True(t, mtime.Equal(got.Mtime))
+}
+
+// TestAttrBehindOwnChanges: this mount's own link, unlink and rename of a
+// file with held changes show in the answers at once, without waiting for
+// their change events (none arrive here: the stream is marked received
+// but not read).
+func TestAttrBehindOwnChanges(t *testing.T) {
+	ops, _ := newOps(t, Options{})
+	ops.watching.Store(true)
+	ctx := context.Background()
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o600, root)
+	require.Zero(t, e)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	hold := func() {
+		t.Helper()
+		_, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMtime: true, Mtime: mtime})
+		require.Zero(t, e)
+	}
+	nlink := func() uint32 {
+		t.Helper()
+		got, e := ops.GetAttr(ctx, a.Ino)
+		require.Zero(t, e)
+		require.True(t, mtime.Equal(got.Mtime))
+		return got.Nlink
+	}
+	hold()
+	require.Equal(t, uint32(1), nlink())
+	_, e = ops.Link(ctx, a.Ino, RootIno, "g")
+	require.Zero(t, e)
+	hold()
+	require.Equal(t, uint32(2), nlink())
+	require.Zero(t, ops.Unlink(ctx, RootIno, "g", root))
+	require.Equal(t, uint32(1), nlink())
+	require.Zero(t, ops.Rename(ctx, RootIno, "f", RootIno, "k", root))
+	require.Equal(t, uint32(1), nlink())
+	require.Zero(t, ops.Unlink(ctx, RootIno, "k", root))
+	require.Equal(t, uint32(0), nlink())
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }

@@ -13,7 +13,13 @@ import (
 // been read through.
 //
 // Only large requests use windows: small ones are random reads, for which
-// a window would fetch far more than asked.
+// a window would fetch far more than asked. A reader that moves through
+// the file window after window gets raAhead windows fetched ahead of the
+// one it reads, so that several window RPCs are in flight and each
+// overlaps the kernel's copying of the previous ones; a single window
+// ahead left the reader waiting for every fetch in turn. A large read
+// that jumps (random access with big requests) fetches only its own
+// window.
 //
 // A window must never serve data older than a change this mount knows of.
 // Every commit of a write or truncate through this mount, once answered,
@@ -23,9 +29,15 @@ import (
 // looking at windows, so a window never predates an acknowledged write.
 
 const (
-	raWindow   = 1 << 20 // one read RPC (pb.MaxMessageData)
-	raMinRead  = 64 << 10
-	raMaxAlive = 3 // windows kept per handle
+	raWindow  = 1 << 20 // one read RPC (pb.MaxMessageData)
+	raMinRead = 64 << 10
+	raAhead   = 2 // windows fetched ahead of a sequential reader
+	// raMaxAlive is how many windows a handle keeps: those ahead, and
+	// enough behind for the kernel's requests, which arrive out of order
+	// and up to two windows at once. Keeping only three evicted windows
+	// still being read, and refetched them: 162 window RPCs for a 128 MiB
+	// sequential read, against 132 with six.
+	raMaxAlive = raAhead + 4
 )
 
 // window is one fetched (or being fetched) aligned range of a file.
@@ -39,9 +51,33 @@ type window struct {
 
 // raState is a handle's readahead windows.
 type raState struct {
-	mu      sync.Mutex
-	gen     uint64    // guarded by mu: bumped by every drop
-	windows []*window // guarded by mu: oldest first
+	mu       sync.Mutex
+	gen      uint64    // guarded by mu: bumped by every drop
+	windows  []*window // guarded by mu: oldest first
+	seen     bool      // guarded by mu: a window has been read
+	last     int64     // guarded by mu: start of the window read last
+	furthest int64     // guarded by mu: start of the furthest window of the current run
+}
+
+// sequential records a read in the window at start and reports whether
+// the reader is moving through the file: its first window is the file's
+// first, or it is at most one window away from the last one read or from
+// the furthest one of its run. The kernel sends a sequential reader's
+// requests several at once and out of order, so a step back of one window
+// still counts; any other jump starts a new run.
+func (r *raState) sequential(start int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	near := func(x int64) bool { return start >= x-raWindow && start <= x+raWindow }
+	seq := !r.seen && start == 0 || r.seen && (near(r.last) || near(r.furthest))
+	switch {
+	case !seq:
+		r.furthest = start
+	case start > r.furthest:
+		r.furthest = start
+	}
+	r.seen, r.last = true, start
+	return seq
 }
 
 // dropWindows forgets every window of ino's handles: their data may be
@@ -52,12 +88,30 @@ func (o *ClientOps) dropWindows(ino uint64) {
 	for _, f := range o.files[ino] {
 		fs = append(fs, f)
 	}
+	if s := o.attrs[ino]; s != nil {
+		// The attributes held changes were answered with are stale too.
+		s.gen.Add(1)
+	}
 	o.filesMu.Unlock()
 	for _, f := range fs {
 		f.ra.mu.Lock()
 		f.ra.gen++
 		f.ra.windows = nil
 		f.ra.mu.Unlock()
+	}
+}
+
+// dropAllWindows is dropWindows for every inode open here, for when
+// change events may have been missed.
+func (o *ClientOps) dropAllWindows() {
+	o.filesMu.Lock()
+	inos := make([]uint64, 0, len(o.files))
+	for ino := range o.files {
+		inos = append(inos, ino)
+	}
+	o.filesMu.Unlock()
+	for _, ino := range inos {
+		o.dropWindows(ino)
 	}
 }
 
@@ -73,6 +127,7 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 		return 0, false, nil // spans two windows: rare, read it directly
 	}
 	w := o.window(f, start)
+	seq := f.ra.sequential(start)
 	select {
 	case <-w.done:
 	case <-ctx.Done():
@@ -84,8 +139,11 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 	if w.err != nil || stale {
 		return 0, false, nil
 	}
-	if len(w.data) == raWindow {
-		o.window(f, start+raWindow) // not at the end: the reader will want it next
+	if seq && len(w.data) == raWindow {
+		// Not at the end: the reader will want the next ones.
+		for i := int64(1); i <= raAhead; i++ {
+			o.window(f, start+i*raWindow)
+		}
 	}
 	if rel := off - w.off; rel < int64(len(w.data)) {
 		n = copy(dst, w.data[rel:])

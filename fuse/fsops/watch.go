@@ -73,6 +73,9 @@ func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv I
 		}
 		// The mount's own read windows first, so that what the kernel
 		// reads again after the invalidation is fresh.
+		if b.reset {
+			o.dropAllWindows()
+		}
 		for _, ino := range b.order {
 			o.dropWindows(ino)
 		}

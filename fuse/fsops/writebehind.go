@@ -23,7 +23,9 @@ import (
 //   - Every operation whose answer depends on the file's data or size
 //     (getattr, lookup, setattr, read, open, link, fsync) first drains
 //     the inode's buffers (barrier), so the kernel never sees a size
-//     older than the writes it was told succeeded.
+//     older than the writes it was told succeeded. The one exception,
+//     an answer while attribute changes are held (attrbehind.go), adds
+//     the collected writes to the size it reports instead.
 //   - Flush (each close), Fsync and Release drain and report the first
 //     error of a background commit, as NFS does. Another mount or client
 //     sees the data once it is committed: at the latest when the writer
@@ -102,30 +104,53 @@ func (o *ClientOps) file(handle uint64) *openFile {
 	return o.byHandle[handle]
 }
 
-// dirty reports whether ino has writes acknowledged but not committed.
+// dirty reports whether ino has writes or attribute changes acknowledged
+// but not committed.
 func (o *ClientOps) dirty(ino uint64) bool {
-	o.filesMu.Lock()
-	defer o.filesMu.Unlock()
-	for _, f := range o.files[ino] {
+	for _, f := range o.openFiles(ino) {
 		if f.pending.Load() > 0 {
 			return true
 		}
 	}
-	return false
+	return o.hasHeld(ino)
 }
 
-// barrier drains every handle of ino, so that what the cluster reports
-// about ino includes every write acknowledged so far.
-func (o *ClientOps) barrier(ino uint64) {
+// openFiles returns the handles this mount has open on ino.
+func (o *ClientOps) openFiles(ino uint64) []*openFile {
 	o.filesMu.Lock()
-	var fs []*openFile
+	defer o.filesMu.Unlock()
+	fs := make([]*openFile, 0, len(o.files[ino]))
 	for _, f := range o.files[ino] {
 		fs = append(fs, f)
 	}
-	o.filesMu.Unlock()
-	for _, f := range fs {
+	return fs
+}
+
+// collectedEnd is the end of the furthest write to ino acknowledged and
+// not yet committed (0 if none).
+func (o *ClientOps) collectedEnd(ino uint64) uint64 {
+	var end int64
+	for _, f := range o.openFiles(ino) {
+		f.mu.Lock()
+		if len(f.buf) > 0 {
+			end = max(end, f.bufOff+int64(len(f.buf)))
+		}
+		for _, r := range f.ranges {
+			end = max(end, r.end)
+		}
+		f.mu.Unlock()
+	}
+	return uint64(end)
+}
+
+// barrier drains every handle of ino and commits its held attribute
+// changes (attrbehind.go), in that order, so that what the cluster
+// reports about ino includes everything acknowledged so far.
+func (o *ClientOps) barrier(ino uint64) {
+	for _, f := range o.openFiles(ino) {
 		o.drain(f)
 	}
+	_ = o.commitHeld(ino) // a failure is recorded on the handles
 }
 
 // collect takes a write into f's buffer if it continues it, sending the
