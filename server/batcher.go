@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -32,20 +33,31 @@ type applyOutcome struct {
 
 // batcher coalesces concurrent commands into one pb.Entry per Raft log
 // entry. It does not wait to fill a batch: it takes whatever is queued when
-// an in-flight slot frees up, so batches grow with load (group commit) and a
-// lone command goes out at once. Entries that start with a large command
-// have slots of their own (see run).
+// the leader is ready for another entry, so batches grow with load (group
+// commit) and a lone command goes out at once. Entries that start with a
+// large command have slots of their own (see run).
+//
+// A small entry waits for two things: an in-flight slot (a bound on
+// entries not yet committed) and the apply queue. At most one small entry
+// sits in Raft's apply queue, not yet written by the leader's log store;
+// the next one forms here meanwhile. Raft writes the leader's log in one
+// goroutine, one disk write at a time, and replicates what it has written
+// while it writes the next, so commands that arrive during a write join
+// the entry of the very next write, whether or not earlier entries have
+// committed (docs/operations.md, "Command batching").
 type batcher struct {
 	apply   func(cmd []byte, timeout time.Duration) raft.ApplyFuture // raft.Apply; tests swap it
 	clock   func() time.Time
 	tuning  RaftTuning
 	metrics *metrics
 
-	in    chan *applyReq
-	slots chan struct{} // one token per entry in flight
-	large chan struct{} // one token per large entry in flight
-	stop  chan struct{}
-	done  chan struct{}
+	in     chan *applyReq
+	slots  chan struct{} // one token per entry in flight
+	large  chan struct{} // one token per large entry in flight
+	queued chan struct{} // one token: a small entry not yet in the leader's log
+	watch  *storeWatch   // reports when the leader's log store wrote an entry
+	stop   chan struct{}
+	done   chan struct{}
 
 	lastTime int64 // last stamp; only the run goroutine touches it
 
@@ -54,20 +66,30 @@ type batcher struct {
 	memoryLimit uint64
 }
 
-func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics, memoryLimit uint64) *batcher {
+// newBatcher starts a batcher for r. watch must be the one the leader's log
+// store reports its writes to.
+func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics, memoryLimit uint64, watch *storeWatch) *batcher {
+	b := newBatcherFunc(r.Apply, clock, t, m, memoryLimit, watch)
+	go b.run()
+	return b
+}
+
+// newBatcherFunc builds a batcher over apply without starting it.
+func newBatcherFunc(apply func([]byte, time.Duration) raft.ApplyFuture, clock func() time.Time, t RaftTuning,
+	m *metrics, memoryLimit uint64, watch *storeWatch) *batcher {
 	if memoryLimit == 0 {
 		memoryLimit = fsm.NoMemoryLimit
 	}
-	b := &batcher{
-		apply: r.Apply, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
-		in:    make(chan *applyReq, 4*t.MaxBatchCommands),
-		slots: make(chan struct{}, t.MaxInflightApplies),
-		large: make(chan struct{}, t.MaxInflightLargeApplies),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+	return &batcher{
+		apply: apply, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
+		in:     make(chan *applyReq, 4*t.MaxBatchCommands),
+		slots:  make(chan struct{}, t.MaxInflightApplies),
+		large:  make(chan struct{}, t.MaxInflightLargeApplies),
+		queued: make(chan struct{}, 1),
+		watch:  watch,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
-	go b.run()
-	return b
 }
 
 // submit queues cmd and waits for its result. If ctx ends first the command
@@ -118,19 +140,8 @@ func (b *batcher) run() {
 				return
 			}
 		}
-		// A large command (a big write) takes one of the large slots:
-		// batching cannot share its cost, which is its bytes, and the log
-		// stores write several large entries per disk write only if several
-		// are queued in Raft, as in the raw ceiling (docs/operations.md,
-		// "Command batching"). Small commands keep their few slots, so
-		// that they queue here and form batches.
-		slots := b.slots
-		if first.size >= b.tuning.LargeEntryBytes {
-			slots = b.large
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-b.stop:
+		small := first.size < b.tuning.LargeEntryBytes
+		if !b.acquire(small) {
 			b.failQueued(first)
 			return
 		}
@@ -149,13 +160,55 @@ func (b *batcher) run() {
 				break drain
 			}
 		}
-		b.send(batch, func() { <-slots })
+		b.send(batch, small)
 	}
 }
 
+// acquire waits until an entry may go to Raft; false when the batcher
+// stops first. A large command (a big write) takes one of the large slots:
+// batching cannot share its cost, which is its bytes, and the log stores
+// write several large entries per disk write only if several are queued in
+// Raft, as in the raw ceiling (docs/operations.md, "Command batching"). A
+// small entry also waits until the previous small one has left Raft's
+// apply queue, so that commands arriving meanwhile form one entry.
+func (b *batcher) acquire(small bool) bool {
+	slots := b.large
+	if small {
+		slots = b.slots
+	}
+	select {
+	case slots <- struct{}{}:
+	case <-b.stop:
+		return false
+	}
+	if !small {
+		return true
+	}
+	select {
+	case b.queued <- struct{}{}:
+		return true
+	case <-b.stop:
+		<-slots
+		return false
+	}
+}
+
+// releaser returns the function that frees what acquire(small) took: the
+// slot when the entry is done, the apply queue at most once, whichever of
+// the leader's write and the entry's end comes first.
+func (b *batcher) releaser(small bool) (dequeue, release func()) {
+	if !small {
+		return func() {}, func() { <-b.large }
+	}
+	var once sync.Once
+	dequeue = func() { once.Do(func() { <-b.queued }) }
+	return dequeue, func() { dequeue(); <-b.slots }
+}
+
 // send encodes batch as one entry and hands it to Raft; a goroutine waits
-// for the commit and then calls release to free the entry's slot.
-func (b *batcher) send(batch []*applyReq, release func()) {
+// for the commit and then frees what acquire took.
+func (b *batcher) send(batch []*applyReq, small bool) {
+	dequeue, release := b.releaser(small)
 	now := b.clock().UnixNano()
 	if now <= b.lastTime {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
@@ -174,10 +227,17 @@ func (b *batcher) send(batch []*applyReq, release func()) {
 	}
 	b.metrics.batchCommands.Observe(float64(len(batch)))
 	b.metrics.batchBytes.Observe(float64(len(data)))
+	if small {
+		b.watch.add(data, dequeue)
+	}
 	f := b.apply(data, 0)
 	go func() {
 		defer release()
-		if err := futureError(f, b.stop); err != nil {
+		err := futureError(f, b.stop)
+		if small {
+			b.watch.remove(data) // never written (not leader, shut down): forget it
+		}
+		if err != nil {
 			b.finish(batch, err)
 			return
 		}

@@ -16,15 +16,18 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 )
 
-// heldFuture is an entry in a fake Raft: it commits when the test says so.
+// heldFuture is an entry in a fake Raft: it commits when the test says so
+// (or fails with err).
 type heldFuture struct {
 	commands int
+	data     []byte
 	release  chan struct{}
+	err      error
 }
 
 func (f *heldFuture) Error() error {
 	<-f.release
-	return nil
+	return f.err
 }
 func (f *heldFuture) Index() uint64 { return 1 }
 func (f *heldFuture) Response() any {
@@ -32,12 +35,16 @@ func (f *heldFuture) Response() any {
 }
 
 // heldRaft records the entries handed to it; none commits until released.
+// Unless holdWrites is set, the leader's log store writes each entry as
+// soon as it is handed over.
 type heldRaft struct {
-	mu      sync.Mutex
-	entries []*heldFuture
-	sizes   []int
-	added   chan struct{} // one token per entry
-	seen    int           // tokens taken by waitEntries
+	watch      *storeWatch
+	holdWrites bool
+	mu         sync.Mutex
+	entries    []*heldFuture
+	sizes      []int
+	added      chan struct{} // one token per entry
+	seen       int           // tokens taken by waitEntries
 }
 
 func (h *heldRaft) apply(data []byte, _ time.Duration) raft.ApplyFuture {
@@ -45,13 +52,27 @@ func (h *heldRaft) apply(data []byte, _ time.Duration) raft.ApplyFuture {
 	if err := proto.Unmarshal(data[1:], &e); err != nil {
 		panic(err)
 	}
-	f := &heldFuture{commands: len(e.Commands), release: make(chan struct{})}
+	f := &heldFuture{commands: len(e.Commands), data: data, release: make(chan struct{})}
 	h.mu.Lock()
 	h.entries = append(h.entries, f)
 	h.sizes = append(h.sizes, len(data))
 	h.mu.Unlock()
+	if !h.holdWrites {
+		h.write(f)
+	}
 	h.added <- struct{}{}
 	return f
+}
+
+// write is the leader's log store writing f's entry.
+func (h *heldRaft) write(f *heldFuture) {
+	h.watch.stored([]*raft.Log{{Data: f.data}})
+}
+
+func (h *heldRaft) entry(i int) *heldFuture {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.entries[i]
 }
 
 func (h *heldRaft) count() int {
@@ -91,16 +112,15 @@ func mkdirCmd(i int) *pb.Command {
 // taken, big writes still go to Raft up to their own limit.
 // heldBatcher starts a batcher with tuning tun over a heldRaft.
 func heldBatcher(tun RaftTuning) (*heldRaft, *batcher) {
-	h := &heldRaft{added: make(chan struct{}, 100)}
-	b := &batcher{
-		apply: h.apply, clock: time.Now, tuning: tun, metrics: newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, &traffic{}),
-		memoryLimit: fsm.NoMemoryLimit,
-		in:          make(chan *applyReq, 64),
-		slots:       make(chan struct{}, tun.MaxInflightApplies),
-		large:       make(chan struct{}, tun.MaxInflightLargeApplies),
-		stop:        make(chan struct{}),
-		done:        make(chan struct{}),
-	}
+	return heldBatcherWrites(tun, false)
+}
+
+// heldBatcherWrites is heldBatcher whose log store writes entries only when
+// the test calls write, if holdWrites.
+func heldBatcherWrites(tun RaftTuning, holdWrites bool) (*heldRaft, *batcher) {
+	h := &heldRaft{watch: newStoreWatch(), holdWrites: holdWrites, added: make(chan struct{}, 100)}
+	m := newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, &traffic{})
+	b := newBatcherFunc(h.apply, time.Now, tun, m, 0, h.watch)
 	go b.run()
 	return h, b
 }
@@ -189,4 +209,110 @@ func TestBatcherCloseWhileWaitingForLargeSlot(t *testing.T) {
 	close(h.entries[0].release)
 	<-first // answered either way: committed, or "shutting down" (a retry finds it)
 	require.Equal(t, 1, h.count())
+}
+
+// submitAll submits cmds concurrently and returns a function that waits for
+// every answer and checks that each command got its own result.
+func submitAll(t *testing.T, b *batcher, cmds []*pb.Command) func() {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		wg.Go(func() {
+			res, _, err := b.submit(context.Background(), cmd)
+			if err == nil && res == nil {
+				err = fmt.Errorf("command %d answered without a result", i)
+			}
+			errs[i] = err
+		})
+	}
+	return func() {
+		t.Helper()
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "command %d", i)
+		}
+	}
+}
+
+// Commands that arrive while the previous entry waits for the leader's
+// log write form one entry, which goes to Raft as soon as that write is
+// done, while earlier entries have not committed yet; every command is
+// answered once they commit.
+func TestBatcherNextEntryFormsDuringLeaderWrite(t *testing.T) {
+	tun := DefaultRaftTuning()
+	tun.MaxInflightApplies = 8
+	h, b := heldBatcherWrites(tun, true)
+	defer b.close()
+
+	wait1 := submitAll(t, b, []*pb.Command{mkdirCmd(0)})
+	h.waitEntries(t, 1)
+	// Slots are free, but entry 0 is still queued for the leader's write:
+	// these wait and then travel together.
+	wait2 := submitAll(t, b, []*pb.Command{mkdirCmd(1), mkdirCmd(2), mkdirCmd(3)})
+	// All three submitted: one waits in the batcher's hands, two queued.
+	require.Eventually(t, func() bool { return len(b.in) == 2 }, 10*time.Second, time.Millisecond)
+	h.waitEntries(t, 1)
+
+	h.write(h.entry(0)) // the leader has written entry 0; it replicates
+	h.waitEntries(t, 2)
+	require.Equal(t, 3, h.entry(1).commands)
+
+	// A command arriving now forms entry 2 once entry 1 is written, with
+	// entries 0 and 1 both still uncommitted.
+	wait3 := submitAll(t, b, []*pb.Command{mkdirCmd(4)})
+	h.waitEntries(t, 2)
+	h.write(h.entry(1))
+	h.waitEntries(t, 3)
+	h.write(h.entry(2))
+
+	for i := range 3 {
+		close(h.entry(i).release)
+	}
+	wait1()
+	wait2()
+	wait3()
+}
+
+// An entry that Raft refuses without writing it (the node lost the lead)
+// frees the apply queue: its commands get the error, later ones go on.
+func TestBatcherUnwrittenEntryFreesTheQueue(t *testing.T) {
+	h, b := heldBatcherWrites(DefaultRaftTuning(), true)
+	defer b.close()
+	lost := make(chan error, 1)
+	go func() { _, _, err := b.submit(context.Background(), mkdirCmd(0)); lost <- err }()
+	h.waitEntries(t, 1)
+	wait := submitAll(t, b, []*pb.Command{mkdirCmd(1)})
+	h.waitEntries(t, 1)
+
+	f := h.entry(0)
+	f.err = raft.ErrNotLeader
+	close(f.release)
+	require.ErrorIs(t, <-lost, raft.ErrNotLeader)
+	h.waitEntries(t, 2)
+	h.write(h.entry(1))
+	close(h.entry(1).release)
+	wait()
+}
+
+// The in-flight slots still bound uncommitted entries once they are
+// written: with both taken, the next command waits for a commit.
+func TestBatcherSlotsBoundWrittenEntries(t *testing.T) {
+	tun := DefaultRaftTuning()
+	tun.MaxInflightApplies = 2
+	h, b := heldBatcher(tun)
+	defer b.close()
+	wait := submitAll(t, b, []*pb.Command{mkdirCmd(0)})
+	h.waitEntries(t, 1)
+	wait2 := submitAll(t, b, []*pb.Command{mkdirCmd(1)})
+	h.waitEntries(t, 2)
+	wait3 := submitAll(t, b, []*pb.Command{mkdirCmd(2)})
+	h.waitEntries(t, 2)
+	close(h.entry(0).release)
+	h.waitEntries(t, 3)
+	close(h.entry(1).release)
+	close(h.entry(2).release)
+	wait()
+	wait2()
+	wait3()
 }

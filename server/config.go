@@ -143,9 +143,10 @@ type RaftTuning struct {
 	// SnapshotRetain is how many snapshot files stay on disk.
 	SnapshotRetain int
 
-	// MaxInflightApplies is how many batched entries the leader keeps in
-	// Raft at once; while they are in flight new commands queue and form
-	// the next, larger batch.
+	// MaxInflightApplies bounds the batched entries the leader has handed
+	// to Raft and not yet committed. The batcher also holds a new entry
+	// back until the leader has written the previous one, so commands
+	// that arrive meanwhile form one batch (docs/operations.md).
 	MaxInflightApplies int
 	// MaxBatchCommands and MaxBatchBytes cap one batched entry.
 	MaxBatchCommands int

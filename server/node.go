@@ -106,7 +106,8 @@ func (n *Node) start(ctx context.Context) error {
 		n.stores.Snapshots = &blockSnapshots{SnapshotStore: n.stores.Snapshots, sync: n.sync}
 	}
 	n.rfsm.snaps = n.stores.Snapshots
-	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes}
+	watch := newStoreWatch()
+	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes, watch: watch}
 	if err := n.openTransport(); err != nil {
 		return err
 	}
@@ -121,7 +122,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.startRaft(hasState); err != nil {
 		return err
 	}
-	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics, n.cfg.MemoryLimit)
+	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics, n.cfg.MemoryLimit, watch)
 	n.verifier = &verifier{raft: n.raft}
 	n.serve()
 	n.goBackground(n.leaderLoop)

@@ -53,7 +53,8 @@ func (n *Node) Traffic() Traffic {
 // changes how Raft treats the log after a snapshot restore.
 type countingLogStore struct {
 	raft.LogStore
-	n *atomic.Uint64
+	n     *atomic.Uint64
+	watch *storeWatch // told of every write, so the batcher sees its entries stored
 }
 
 var _ raft.MonotonicLogStore = countingLogStore{}
@@ -65,6 +66,9 @@ func (s countingLogStore) StoreLog(l *raft.Log) error {
 func (s countingLogStore) StoreLogs(logs []*raft.Log) error {
 	if err := s.LogStore.StoreLogs(logs); err != nil {
 		return err
+	}
+	if s.watch != nil {
+		s.watch.stored(logs)
 	}
 	var sum uint64
 	for _, l := range logs {
