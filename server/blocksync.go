@@ -30,11 +30,14 @@ type BlockPriority func(fsm.BlockWant) int64
 func SmallFilesFirst(w fsm.BlockWant) int64 { return int64(min(w.FileSize, 1<<62)) }
 
 // Sync limits: blocks per FetchBlocks call, fetchers per peer. A batch
-// goes round all peers at least syncMinRounds times, and on until
-// syncGiveUp has passed, before its blocks count as lost: the peers that
-// hold them may be restarting too (a whole cluster after a power loss). A
-// call that receives nothing for syncIdle is abandoned: on a lossy network
-// a stream can stall for good.
+// goes round all peers syncMinRounds times before its blocks count as lost.
+// When every peer answered and none held them, that is the end: they are
+// gone (a snapshot's blocks collected once newer snapshots replaced it, and
+// the leader will send a newer one). While some peer could not be asked,
+// the rounds go on until syncGiveUp has passed: the peers that hold the
+// blocks may be restarting too (a whole cluster after a power loss). A call
+// that receives nothing for syncIdle is abandoned: on a lossy network a
+// stream can stall for good.
 const (
 	syncBatchBlocks     = 256
 	syncBatchBytes      = 8 << 20
@@ -354,6 +357,7 @@ func (f *fetch) job(ctx context.Context, j fetchJob) error {
 	left := j.wants
 	start := time.Now()
 	for round := 0; ; round++ {
+		unreachable := false // some peer failed, rather than answer without the blocks
 		for _, p := range j.order {
 			if len(left) == 0 {
 				return nil
@@ -361,13 +365,14 @@ func (f *fetch) job(ctx context.Context, j fetchJob) error {
 			var err error
 			left, err = f.from(ctx, f.s.peers[p], left)
 			if err != nil && ctx.Err() == nil {
+				unreachable = true
 				f.s.b.log.Warn("block fetch from peer failed", "peer", f.s.peers[p], "err", err, "left", len(left))
 			}
 		}
 		if len(left) == 0 {
 			return nil
 		}
-		if round+1 >= syncMinRounds && time.Since(start) >= f.s.b.giveUp {
+		if round+1 >= syncMinRounds && (!unreachable || time.Since(start) >= f.s.b.giveUp) {
 			return fmt.Errorf("%d blocks (first %s) not delivered intact by any of %d peers in %d rounds: %w",
 				len(left), left[0].Hash.Short(), len(f.s.peers), round+1, syscall.EIO)
 		}

@@ -343,6 +343,19 @@ func TestBlockNobodyDeliversIsLost(t *testing.T) {
 	require.Equal(t, uint64(3), b.corruptTotal.Load(), "the liar's copy, once a round")
 }
 
+// TestBlockEveryPeerLacksFailsAtOnce: when every peer answers and none
+// holds a block, the restore fails after the minimum rounds, without
+// waiting out the give-up time meant for unreachable peers.
+func TestBlockEveryPeerLacksFailsAtOnce(t *testing.T) {
+	c := StartCluster(t, 1)
+	b, _ := newTestSync(t, time.Hour, 5*time.Second)
+	src := b.source(map[string]string{"n0": c.Node(0).APIAddr()})
+	want := []fsm.BlockWant{{Hash: block.Sum([]byte("held by nobody")), Size: 14, Ino: 2, FileSize: 14}}
+	_, err := src.Blocks(ctxTimeout(t, time.Minute), want)
+	require.ErrorIs(t, err, syscall.EIO)
+	require.ErrorContains(t, err, "in 3 rounds")
+}
+
 func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {
 	c := StartCluster(t, 3, manualSnapshots())
 	leader := c.WaitLeader(10 * time.Second)
