@@ -118,13 +118,7 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 		return a, e
 	}
 	o.barrier(ino)
-	ctx, cancel := o.bound(ctx)
-	defer cancel()
-	pa, err := o.c.GetAttr(ctx, ino)
-	if err != nil {
-		return Attr{}, errnoOf("getattr", err)
-	}
-	return attrOf(pa), 0
+	return o.clusterAttr(ctx, ino)
 }
 
 // SetAttr implements Ops. A change of mode, owner or explicit times to a
