@@ -1,11 +1,14 @@
 package replace
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server"
 )
 
 func TestParseReplaceTarget(t *testing.T) {
@@ -64,4 +67,28 @@ func TestCheckQuorum(t *testing.T) {
 			require.ErrorContains(t, err, tc.err)
 		})
 	}
+}
+
+// TestClusterStatusIsTheLeaders asks a follower and gets the leader's
+// view: a follower's may hold a configuration change not yet committed.
+func TestClusterStatusIsTheLeaders(t *testing.T) {
+	c := server.StartCluster(t, 3)
+	leader := c.WaitLeader(30 * time.Second)
+	var follower string
+	for i := range c.Size() {
+		if n := c.Node(i); n != nil && n != leader {
+			follower = n.APIAddr()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Once the follower knows the leader's address (its first heartbeat).
+	var st *pb.StatusResponse
+	require.Eventually(t, func() bool {
+		var err error
+		st, err = ClusterStatus(ctx, nil, []string{follower}, 5*time.Second)
+		return err == nil && st.GetSelf().GetState() == "Leader"
+	}, 20*time.Second, 50*time.Millisecond)
+	require.Equal(t, leader.ID(), st.GetSelf().GetId())
+	require.Len(t, st.Nodes, 3)
 }

@@ -112,36 +112,39 @@ func (r *replacer) call(ctx context.Context, per time.Duration, fn func(context.
 // met a lossy link, and the next node may answer at once.
 const statusAttempt = 5 * time.Second
 
-// clusterStatus is the membership as the leader sees it, with each node's
-// own report. A follower's view may hold a configuration change that is
-// not committed (and may yet be undone), so when a follower answered the
-// leader is asked too; its answer wins when it comes.
+// clusterStatus is ClusterStatus over the members, within StepTimeout.
 func (r *replacer) clusterStatus(ctx context.Context) (*pb.StatusResponse, error) {
-	ask := func(ctx context.Context, c pb.MemFSClient) (*pb.StatusResponse, error) {
-		return c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
-	}
-	var st *pb.StatusResponse
-	err := r.call(ctx, min(statusAttempt, r.opts.StepTimeout), func(ctx context.Context, c pb.MemFSClient) error {
-		var err error
-		st, err = ask(ctx, c)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	r.leaderAPI = st.LeaderApiAddr
-	if st.GetSelf().GetState() == "Leader" || st.LeaderApiAddr == "" {
-		return st, nil
-	}
-	lctx, cancel := context.WithTimeout(ctx, min(statusAttempt, r.opts.StepTimeout))
+	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
 	defer cancel()
-	_ = CallAddrs(lctx, r.opts.Dialer, []string{st.LeaderApiAddr}, func(ctx context.Context, c pb.MemFSClient) error {
-		lst, err := ask(ctx, c)
-		if err == nil && lst.GetSelf().GetState() == "Leader" {
-			st = lst
+	st, err := ClusterStatus(ctx, r.opts.Dialer, r.opts.Cluster, min(statusAttempt, r.opts.StepTimeout))
+	if err == nil {
+		r.leaderAPI = st.LeaderApiAddr
+	}
+	return st, err
+}
+
+// ClusterStatus is the membership as the leader sees it, with each node's
+// own report, asked of addrs in turn, each attempt bounded by attempt. A
+// follower's view may hold a configuration change that is not committed
+// (and may yet be undone), so when a follower answered the leader is asked
+// too; its answer wins when it comes.
+func ClusterStatus(ctx context.Context, dial client.Dialer, addrs []string, attempt time.Duration) (*pb.StatusResponse, error) {
+	var st *pb.StatusResponse
+	ask := func(ctx context.Context, c pb.MemFSClient) error {
+		ctx, cancel := context.WithTimeout(ctx, attempt)
+		defer cancel()
+		resp, err := c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
+		if err == nil && (st == nil || resp.GetSelf().GetState() == "Leader") {
+			st = resp
 		}
 		return err
-	})
+	}
+	if err := CallAddrs(ctx, dial, addrs, ask); err != nil {
+		return nil, err
+	}
+	if st.GetSelf().GetState() != "Leader" && st.LeaderApiAddr != "" {
+		_ = CallAddrs(ctx, dial, []string{st.LeaderApiAddr}, ask)
+	}
 	return st, nil
 }
 

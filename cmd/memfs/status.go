@@ -24,12 +24,13 @@ var statusCmd = &cobra.Command{
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		ctx, cancel := commandContext()
 		defer cancel()
-		var st *pb.StatusResponse
-		err := callCluster(ctx, func(ctx context.Context, c pb.MemFSClient) error {
-			var err error
-			st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
-			return err
-		})
+		addrs := clusterAddrs()
+		if len(addrs) == 0 {
+			return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+		}
+		// The leader's view: a follower's may show a membership change
+		// that is not committed yet.
+		st, err := replace.ClusterStatus(ctx, nil, addrs, timeoutFlag)
 		if err != nil {
 			return err
 		}
