@@ -80,9 +80,9 @@ func pollProbe(t *testing.T, dir string) {
 		p := filepath.Join(dir, ".poll-probe")
 		fd, err := syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
 		for err == syscall.EINTR {
-			// A signal to this thread interrupted the FUSE request (the
-			// mount answers an interrupted request EINTR); package os
-			// retries such calls too.
+			// The mount does not answer interrupted requests with EINTR
+			// (bazilfs.uninterrupted); retried anyway, as package os
+			// does, so a probe never fails a test on a signal.
 			fd, err = syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
 		}
 		if err != nil {

@@ -114,7 +114,7 @@ func (f *FS) Root() (fs.Node, error) { return node{f, fsops.RootIno}, nil }
 
 // Statfs implements fs.FSStatfser.
 func (f *FS) Statfs(ctx context.Context, _ *fuse.StatfsRequest, resp *fuse.StatfsResponse) error {
-	st, e := f.ops.Statfs(ctx)
+	st, e := f.ops.Statfs(uninterrupted(ctx))
 	if e != 0 {
 		return e
 	}
@@ -327,3 +327,14 @@ func errOrNil(e syscall.Errno) error {
 	}
 	return e
 }
+
+// uninterrupted keeps the kernel's interrupts from cancelling an
+// operation. bazil cancels a request's context when the kernel sends
+// INTERRUPT, which it does whenever the calling thread gets any signal:
+// Go's own preemption signal (SIGURG), a profiler's timer, a terminal
+// resize. Answering EINTR then breaks programs that call stat or open
+// without retrying, and an operation cut off mid-flight may have been
+// applied by the cluster all the same (a create that reports failure but
+// left the file). Every operation is bounded by the mount's operation
+// timeout instead, as hard NFS mounts do.
+func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }

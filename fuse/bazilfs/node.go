@@ -24,7 +24,7 @@ func (n node) Attr(ctx context.Context, a *fuse.Attr) error {
 	at, ok := n.fs.stash.take(n.ino)
 	if !ok {
 		var e syscall.Errno
-		if at, e = n.fs.ops.GetAttr(ctx, n.ino); e != 0 {
+		if at, e = n.fs.ops.GetAttr(uninterrupted(ctx), n.ino); e != 0 {
 			return e
 		}
 	}
@@ -35,7 +35,7 @@ func (n node) Attr(ctx context.Context, a *fuse.Attr) error {
 // Getattr implements fs.NodeGetattrer: stat always asks the cluster (the
 // kernel caches the answer for AttrTimeout).
 func (n node) Getattr(ctx context.Context, _ *fuse.GetattrRequest, resp *fuse.GetattrResponse) error {
-	at, e := n.fs.ops.GetAttr(ctx, n.ino)
+	at, e := n.fs.ops.GetAttr(uninterrupted(ctx), n.ino)
 	if e != 0 {
 		return e
 	}
@@ -53,7 +53,7 @@ func (n node) Setattr(ctx context.Context, req *fuse.SetattrRequest, _ *fuse.Set
 		Mode: unixPerm(req.Mode), Uid: req.Uid, Gid: req.Gid, Size: req.Size,
 		Atime: req.Atime, Mtime: req.Mtime,
 	}
-	at, e := n.fs.ops.SetAttr(ctx, n.ino, in)
+	at, e := n.fs.ops.SetAttr(uninterrupted(ctx), n.ino, in)
 	if e != 0 {
 		return e
 	}
@@ -65,7 +65,7 @@ func (n node) Setattr(ctx context.Context, req *fuse.SetattrRequest, _ *fuse.Set
 // Lookup implements fs.NodeRequestLookuper so that the entry timeout is
 // ours rather than bazil's default minute.
 func (n node) Lookup(ctx context.Context, req *fuse.LookupRequest, resp *fuse.LookupResponse) (fs.Node, error) {
-	at, e := n.fs.ops.Lookup(ctx, n.ino, req.Name)
+	at, e := n.fs.ops.Lookup(uninterrupted(ctx), n.ino, req.Name)
 	if e != 0 {
 		return nil, e
 	}
@@ -86,7 +86,7 @@ func (n node) Forget() { n.fs.known.remove(n.ino) }
 // Access implements fs.NodeAccesser. With default_permissions the kernel
 // checks modes itself and rarely asks.
 func (n node) Access(ctx context.Context, req *fuse.AccessRequest) error {
-	return errOrNil(n.fs.ops.Access(ctx, n.ino, req.Mask, caller(&req.Header)))
+	return errOrNil(n.fs.ops.Access(uninterrupted(ctx), n.ino, req.Mask, caller(&req.Header)))
 }
 
 // Open implements fs.NodeOpener.
@@ -94,7 +94,7 @@ func (n node) Open(ctx context.Context, req *fuse.OpenRequest, resp *fuse.OpenRe
 	if req.Dir {
 		return &dirHandle{fs: n.fs, ino: n.ino}, nil
 	}
-	out, e := n.fs.ops.Open(ctx, n.ino, int(req.Flags), caller(&req.Header))
+	out, e := n.fs.ops.Open(uninterrupted(ctx), n.ino, int(req.Flags), caller(&req.Header))
 	if e != 0 {
 		return nil, e
 	}
@@ -106,7 +106,7 @@ func (n node) Open(ctx context.Context, req *fuse.OpenRequest, resp *fuse.OpenRe
 
 // Create implements fs.NodeCreater.
 func (n node) Create(ctx context.Context, req *fuse.CreateRequest, resp *fuse.CreateResponse) (fs.Node, fs.Handle, error) {
-	at, out, e := n.fs.ops.Create(ctx, n.ino, req.Name, int(req.Flags), unixPerm(req.Mode), caller(&req.Header))
+	at, out, e := n.fs.ops.Create(uninterrupted(ctx), n.ino, req.Name, int(req.Flags), unixPerm(req.Mode), caller(&req.Header))
 	if e != 0 {
 		return nil, nil, e
 	}
@@ -119,7 +119,7 @@ func (n node) Create(ctx context.Context, req *fuse.CreateRequest, resp *fuse.Cr
 
 // Mkdir implements fs.NodeMkdirer.
 func (n node) Mkdir(ctx context.Context, req *fuse.MkdirRequest) (fs.Node, error) {
-	at, e := n.fs.ops.Mkdir(ctx, n.ino, req.Name, unixPerm(req.Mode), caller(&req.Header))
+	at, e := n.fs.ops.Mkdir(uninterrupted(ctx), n.ino, req.Name, unixPerm(req.Mode), caller(&req.Header))
 	if e != 0 {
 		return nil, e
 	}
@@ -129,7 +129,7 @@ func (n node) Mkdir(ctx context.Context, req *fuse.MkdirRequest) (fs.Node, error
 // Mknod implements fs.NodeMknoder.
 func (n node) Mknod(ctx context.Context, req *fuse.MknodRequest) (fs.Node, error) {
 	mode := unixPerm(req.Mode) | fileType(req.Mode)
-	at, e := n.fs.ops.Mknod(ctx, n.ino, req.Name, mode, caller(&req.Header))
+	at, e := n.fs.ops.Mknod(uninterrupted(ctx), n.ino, req.Name, mode, caller(&req.Header))
 	if e != 0 {
 		return nil, e
 	}
@@ -139,9 +139,9 @@ func (n node) Mknod(ctx context.Context, req *fuse.MknodRequest) (fs.Node, error
 // Remove implements fs.NodeRemover (unlink and rmdir).
 func (n node) Remove(ctx context.Context, req *fuse.RemoveRequest) error {
 	if req.Dir {
-		return errOrNil(n.fs.ops.Rmdir(ctx, n.ino, req.Name, caller(&req.Header)))
+		return errOrNil(n.fs.ops.Rmdir(uninterrupted(ctx), n.ino, req.Name, caller(&req.Header)))
 	}
-	return errOrNil(n.fs.ops.Unlink(ctx, n.ino, req.Name, caller(&req.Header)))
+	return errOrNil(n.fs.ops.Unlink(uninterrupted(ctx), n.ino, req.Name, caller(&req.Header)))
 }
 
 // Rename implements fs.NodeRenamer.
@@ -150,12 +150,12 @@ func (n node) Rename(ctx context.Context, req *fuse.RenameRequest, newDir fs.Nod
 	if !ok {
 		return syscall.EXDEV
 	}
-	return errOrNil(n.fs.ops.Rename(ctx, n.ino, req.OldName, nd.ino, req.NewName, caller(&req.Header)))
+	return errOrNil(n.fs.ops.Rename(uninterrupted(ctx), n.ino, req.OldName, nd.ino, req.NewName, caller(&req.Header)))
 }
 
 // Symlink implements fs.NodeSymlinker.
 func (n node) Symlink(ctx context.Context, req *fuse.SymlinkRequest) (fs.Node, error) {
-	at, e := n.fs.ops.Symlink(ctx, n.ino, req.NewName, req.Target, caller(&req.Header))
+	at, e := n.fs.ops.Symlink(uninterrupted(ctx), n.ino, req.NewName, req.Target, caller(&req.Header))
 	if e != 0 {
 		return nil, e
 	}
@@ -164,7 +164,7 @@ func (n node) Symlink(ctx context.Context, req *fuse.SymlinkRequest) (fs.Node, e
 
 // Readlink implements fs.NodeReadlinker.
 func (n node) Readlink(ctx context.Context, _ *fuse.ReadlinkRequest) (string, error) {
-	t, e := n.fs.ops.Readlink(ctx, n.ino)
+	t, e := n.fs.ops.Readlink(uninterrupted(ctx), n.ino)
 	return t, errOrNil(e)
 }
 
@@ -174,7 +174,7 @@ func (n node) Link(ctx context.Context, req *fuse.LinkRequest, old fs.Node) (fs.
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	at, e := n.fs.ops.Link(ctx, on.ino, n.ino, req.NewName)
+	at, e := n.fs.ops.Link(uninterrupted(ctx), on.ino, n.ino, req.NewName)
 	if e != 0 {
 		return nil, e
 	}
@@ -188,13 +188,13 @@ func (n node) Fsync(ctx context.Context, req *fuse.FsyncRequest) error {
 	if req.Dir {
 		return nil
 	}
-	return errOrNil(n.fs.ops.Fsync(ctx, n.ino))
+	return errOrNil(n.fs.ops.Fsync(uninterrupted(ctx), n.ino))
 }
 
 // Getxattr implements fs.NodeGetxattrer; bazil answers ERANGE when the
 // value does not fit the caller's buffer.
 func (n node) Getxattr(ctx context.Context, req *fuse.GetxattrRequest, resp *fuse.GetxattrResponse) error {
-	v, e := n.fs.ops.GetXattr(ctx, n.ino, req.Name)
+	v, e := n.fs.ops.GetXattr(uninterrupted(ctx), n.ino, req.Name)
 	if e != 0 {
 		return e
 	}
@@ -204,7 +204,7 @@ func (n node) Getxattr(ctx context.Context, req *fuse.GetxattrRequest, resp *fus
 
 // Listxattr implements fs.NodeListxattrer.
 func (n node) Listxattr(ctx context.Context, _ *fuse.ListxattrRequest, resp *fuse.ListxattrResponse) error {
-	names, e := n.fs.ops.ListXattr(ctx, n.ino)
+	names, e := n.fs.ops.ListXattr(uninterrupted(ctx), n.ino)
 	if e != 0 {
 		return e
 	}
@@ -214,12 +214,12 @@ func (n node) Listxattr(ctx context.Context, _ *fuse.ListxattrRequest, resp *fus
 
 // Setxattr implements fs.NodeSetxattrer.
 func (n node) Setxattr(ctx context.Context, req *fuse.SetxattrRequest) error {
-	return errOrNil(n.fs.ops.SetXattr(ctx, n.ino, req.Name, req.Xattr, req.Flags))
+	return errOrNil(n.fs.ops.SetXattr(uninterrupted(ctx), n.ino, req.Name, req.Xattr, req.Flags))
 }
 
 // Removexattr implements fs.NodeRemovexattrer.
 func (n node) Removexattr(ctx context.Context, req *fuse.RemovexattrRequest) error {
-	return errOrNil(n.fs.ops.RemoveXattr(ctx, n.ino, req.Name))
+	return errOrNil(n.fs.ops.RemoveXattr(uninterrupted(ctx), n.ino, req.Name))
 }
 
 // Poll implements fs.NodePoller. The answer ENOSYS makes the kernel stop
@@ -245,7 +245,7 @@ type fileHandle struct {
 // Read implements fs.HandleReader, filling the buffer bazil allocated.
 func (h *fileHandle) Read(ctx context.Context, req *fuse.ReadRequest, resp *fuse.ReadResponse) error {
 	buf := resp.Data[:req.Size]
-	n, e := h.fs.ops.Read(ctx, h.ino, h.h, req.Offset, buf)
+	n, e := h.fs.ops.Read(uninterrupted(ctx), h.ino, h.h, req.Offset, buf)
 	if e != 0 {
 		return e
 	}
@@ -256,7 +256,7 @@ func (h *fileHandle) Read(ctx context.Context, req *fuse.ReadRequest, resp *fuse
 // Write implements fs.HandleWriter. req.Data is reused once this returns;
 // fsops copies what it keeps.
 func (h *fileHandle) Write(ctx context.Context, req *fuse.WriteRequest, resp *fuse.WriteResponse) error {
-	n, e := h.fs.ops.Write(ctx, h.ino, h.h, req.Offset, req.Data)
+	n, e := h.fs.ops.Write(uninterrupted(ctx), h.ino, h.h, req.Offset, req.Data)
 	if e != 0 {
 		return e
 	}
@@ -266,12 +266,12 @@ func (h *fileHandle) Write(ctx context.Context, req *fuse.WriteRequest, resp *fu
 
 // Flush implements fs.HandleFlusher (each close of a descriptor).
 func (h *fileHandle) Flush(ctx context.Context, _ *fuse.FlushRequest) error {
-	return errOrNil(h.fs.ops.Flush(ctx, h.ino, h.h))
+	return errOrNil(h.fs.ops.Flush(uninterrupted(ctx), h.ino, h.h))
 }
 
 // Release implements fs.HandleReleaser (the last close).
 func (h *fileHandle) Release(ctx context.Context, _ *fuse.ReleaseRequest) error {
-	return errOrNil(h.fs.ops.Release(ctx, h.ino, h.h))
+	return errOrNil(h.fs.ops.Release(uninterrupted(ctx), h.ino, h.h))
 }
 
 // dirHandle is one open directory. bazil reads the whole listing when the
@@ -283,7 +283,7 @@ type dirHandle struct {
 
 // ReadDirAll implements fs.HandleReadDirAller.
 func (d *dirHandle) ReadDirAll(ctx context.Context) ([]fuse.Dirent, error) {
-	ents, e := d.fs.ops.ReadDir(ctx, d.ino)
+	ents, e := d.fs.ops.ReadDir(uninterrupted(ctx), d.ino)
 	if e != 0 {
 		return nil, e
 	}

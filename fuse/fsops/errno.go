@@ -18,7 +18,8 @@ import (
 //   - an operation that ran out of its time limit is EIO: the cluster
 //     could not be reached, and a program must see an error rather than
 //     hang;
-//   - a request the kernel interrupted is EINTR;
+//   - a cancelled context is EINTR (the bazil adapter does not let the
+//     kernel's interrupts cancel operations, see bazilfs.uninterrupted);
 //   - the io/fs sentinel errors get their usual errnos;
 //   - anything else is EIO.
 func ToErrno(err error) syscall.Errno {
