@@ -151,7 +151,7 @@ func ClusterStatus(ctx context.Context, dial client.Dialer, addrs []string, atte
 // localStatus is one node's report on itself, bounded by StepTimeout and
 // at most 5 s.
 func (r *replacer) localStatus(ctx context.Context, addr string) (*pb.NodeStatus, error) {
-	ctx, cancel := context.WithTimeout(ctx, min(r.opts.StepTimeout, 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, min(statusAttempt, r.opts.StepTimeout))
 	defer cancel()
 	return LocalStatus(ctx, r.opts.Dialer, addr)
 }

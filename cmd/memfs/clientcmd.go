@@ -14,9 +14,9 @@ import (
 // newClient connects to the --cluster addresses under cmd's context. The
 // client retries for at most --timeout and logs session trouble to stderr.
 func newClient(cmd *cobra.Command) (*client.Client, error) {
-	addrs := clusterAddrs()
-	if len(addrs) == 0 {
-		return nil, usageError{fmt.Errorf("no cluster addresses: set --cluster or MEMFS_CLUSTER")}
+	addrs, err := needCluster()
+	if err != nil {
+		return nil, err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := client.New(cmd.Context(), addrs,

@@ -62,6 +62,15 @@ func clusterAddrs() []string {
 	return out
 }
 
+// needCluster is clusterAddrs, or a usage error when there are none.
+func needCluster() ([]string, error) {
+	addrs := clusterAddrs()
+	if len(addrs) == 0 {
+		return nil, usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+	}
+	return addrs, nil
+}
+
 // commandContext is the context of a client command: cancelled by Ctrl-C
 // or SIGTERM, and after --timeout.
 func commandContext() (context.Context, context.CancelFunc) {

@@ -73,9 +73,9 @@ is now; running the same command again resumes.`,
 		if target.ID == args[0] {
 			return usageError{fmt.Errorf("the new node needs an id other than %s (ids are never reused)", args[0])}
 		}
-		addrs := clusterAddrs()
-		if len(addrs) == 0 {
-			return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+		addrs, err := needCluster()
+		if err != nil {
+			return err
 		}
 		// Only Ctrl-C bounds the whole command: the catch-up may take long.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

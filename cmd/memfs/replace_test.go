@@ -372,7 +372,7 @@ func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var st *pb.StatusResponse
-	require.NoError(t, callAddrs(ctx, addrs, func(ctx context.Context, c pb.MemFSClient) error {
+	require.NoError(t, replace.CallAddrs(ctx, nil, addrs, func(ctx context.Context, c pb.MemFSClient) error {
 		var err error
 		st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -24,9 +23,9 @@ var statusCmd = &cobra.Command{
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		ctx, cancel := commandContext()
 		defer cancel()
-		addrs := clusterAddrs()
-		if len(addrs) == 0 {
-			return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+		addrs, err := needCluster()
+		if err != nil {
+			return err
 		}
 		// The leader's view: a follower's may show a membership change
 		// that is not committed yet.
@@ -194,13 +193,9 @@ func adminDial(addr string) (*grpc.ClientConn, error) { return replace.Dial(addr
 // callCluster runs fn against the --cluster nodes in turn until one
 // answers with anything but UNAVAILABLE.
 func callCluster(ctx context.Context, fn func(context.Context, pb.MemFSClient) error) error {
-	return callAddrs(ctx, clusterAddrs(), fn)
-}
-
-// callAddrs is callCluster over addrs.
-func callAddrs(ctx context.Context, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
-	if len(addrs) == 0 {
-		return usageError{errors.New("no cluster addresses (set --cluster or MEMFS_CLUSTER)")}
+	addrs, err := needCluster()
+	if err != nil {
+		return err
 	}
 	return replace.CallAddrs(ctx, nil, addrs, fn)
 }
