@@ -44,6 +44,9 @@ import (
 const (
 	DefaultAttrTimeout  = time.Second
 	DefaultReadaheadKiB = 1024
+	// DefaultDataCache is how much file data a mount keeps to answer
+	// later reads (fsops.Options.DataCache).
+	DefaultDataCache = 256 << 20
 	// MaxIO is the largest read or write the kernel sends in one request
 	// through bazil.org/fuse.
 	MaxIO = bazilfs.MaxIO
@@ -71,6 +74,11 @@ type Options struct {
 	// for the mount above the 128 KiB FUSE starts with (needs root;
 	// DefaultReadaheadKiB when 0, none when negative).
 	ReadaheadKiB int
+	// DataCache is how many bytes of file data the mount keeps in its own
+	// memory to answer later reads, through any handle, while the change
+	// stream is open (DefaultDataCache when 0; none beyond readahead when
+	// negative).
+	DataCache int64
 	// NoWatch leaves the change stream unread (for measurements): other
 	// mounts' changes are then seen only when the timeouts run out.
 	NoWatch bool
@@ -108,7 +116,13 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 	if opt.AttrTimeout <= 0 {
 		opt.AttrTimeout = DefaultAttrTimeout
 	}
-	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache})
+	switch {
+	case opt.DataCache == 0:
+		opt.DataCache = DefaultDataCache
+	case opt.DataCache < 0:
+		opt.DataCache = 0
+	}
+	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache})
 	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
 	conn, err := bfuse.Mount(real, mountOptions(opt)...)
 	if err != nil {

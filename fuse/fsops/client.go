@@ -30,6 +30,11 @@ type Options struct {
 	// SyncWrites commits every write before acknowledging it, instead of
 	// collecting sequential writes (see write-behind in writebehind.go).
 	SyncWrites bool
+	// DataCache is how many bytes of file data the mount keeps to answer
+	// later reads through any handle while the change stream is open
+	// (datacache.go); 0 keeps only what readahead needs, for the handle
+	// that fetched it.
+	DataCache int64
 }
 
 // ClientOps implements Ops over a MemoryFS client.
@@ -42,6 +47,8 @@ type ClientOps struct {
 	watching atomic.Bool
 
 	capMiss capMissCache
+	cache   *dataCache
+	reads   atomic.Int64 // read RPCs sent to the cluster (tests)
 
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
@@ -59,6 +66,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 	return &ClientOps{
 		c: c, opt: opt,
 		capMiss:  capMissCache{m: map[uint64]time.Time{}},
+		cache:    newDataCache(opt.DataCache),
 		files:    map[uint64]map[uint64]*openFile{},
 		byHandle: map[uint64]*openFile{},
 		attrs:    map[uint64]*attrState{},
@@ -290,15 +298,21 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 	o.barrier(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
-	if f := o.file(handle); f != nil {
-		if n, ok, err := o.readWindowed(ctx, f, off, dst); ok {
-			if err != nil {
-				return 0, errnoOf("read", err)
-			}
-			return n, 0
-		}
-	}
+	var ok bool
 	var err error
+	if f := o.file(handle); f != nil {
+		n, ok, err = o.readWindowed(ctx, f, off, dst)
+	}
+	if !ok {
+		n, ok, err = o.readCached(ctx, ino, handle, off, dst)
+	}
+	if ok {
+		if err != nil {
+			return 0, errnoOf("read", err)
+		}
+		return n, 0
+	}
+	o.reads.Add(1)
 	if handle != 0 {
 		n, err = o.c.ReadHandle(ctx, handle, off, dst)
 	} else {

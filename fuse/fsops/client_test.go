@@ -322,12 +322,9 @@ func TestReadaheadDepth(t *testing.T) {
 		require.Zero(t, e)
 	}
 	windows := func() []int64 {
-		f := ops.file(out.Handle)
-		f.ra.mu.Lock()
-		defer f.ra.mu.Unlock()
 		var starts []int64
-		for _, w := range f.ra.windows {
-			starts = append(starts, w.off/raWindow)
+		for _, off := range ops.cache.starts(a.Ino) {
+			starts = append(starts, off/raWindow)
 		}
 		return starts
 	}

@@ -9,8 +9,7 @@ import (
 // 128 KiB (the bazil limit), several at once. Each would be a round trip
 // to the leader; instead a handle fetches aligned windows of raWindow
 // bytes, one request each, and answers the kernel's requests from them.
-// The kernel's page cache keeps the data; a window only lives until it has
-// been read through.
+// Windows are kept in the mount's data cache (datacache.go).
 //
 // Only large requests use windows: small ones are random reads, for which
 // a window would fetch far more than asked. A reader that moves through
@@ -24,39 +23,28 @@ import (
 // A window must never serve data older than a change this mount knows of.
 // Every commit of a write or truncate through this mount, once answered,
 // and every change event from the cluster drop the inode's windows
-// (dropWindows); a window whose fetch began before such a drop is not used
-// (the generation check). Reads drain the inode's collected writes before
+// (dropWindows); a window whose fetch began before such a drop is marked
+// stale and not used. Reads drain the inode's collected writes before
 // looking at windows, so a window never predates an acknowledged write.
 
 const (
 	raWindow  = 1 << 20 // one read RPC (pb.MaxMessageData)
 	raMinRead = 64 << 10
 	raAhead   = 2 // windows fetched ahead of a sequential reader
-	// raMaxAlive is how many windows a handle keeps: those ahead, and
-	// enough behind for the kernel's requests, which arrive out of order
-	// and up to two windows at once. Keeping only three evicted windows
-	// still being read, and refetched them: 162 window RPCs for a 128 MiB
-	// sequential read, against 132 with six.
+	// raMaxAlive is how many windows one sequential reader needs alive:
+	// those ahead, and enough behind for the kernel's requests, which
+	// arrive out of order and up to two windows at once. Keeping only
+	// three evicted windows still being read, and refetched them: 162
+	// window RPCs for a 128 MiB sequential read, against 132 with six.
 	raMaxAlive = raAhead + 4
 )
 
-// window is one fetched (or being fetched) aligned range of a file.
-type window struct {
-	off  int64
-	gen  uint64
-	done chan struct{}
-	data []byte // set before done is closed; shorter than raWindow at EOF
-	err  error
-}
-
-// raState is a handle's readahead windows.
+// raState is a handle's readahead state.
 type raState struct {
 	mu       sync.Mutex
-	gen      uint64    // guarded by mu: bumped by every drop
-	windows  []*window // guarded by mu: oldest first
-	seen     bool      // guarded by mu: a window has been read
-	last     int64     // guarded by mu: start of the window read last
-	furthest int64     // guarded by mu: start of the furthest window of the current run
+	seen     bool  // guarded by mu: a window has been read
+	last     int64 // guarded by mu: start of the window read last
+	furthest int64 // guarded by mu: start of the furthest window of the current run
 }
 
 // sequential records a read in the window at start and reports whether
@@ -80,43 +68,70 @@ func (r *raState) sequential(start int64) bool {
 	return seq
 }
 
-// dropWindows forgets every window of ino's handles: their data may be
-// stale.
+// dropWindows forgets ino's cached windows: their data may be stale.
 func (o *ClientOps) dropWindows(ino uint64) {
 	o.filesMu.Lock()
-	var fs []*openFile
-	for _, f := range o.files[ino] {
-		fs = append(fs, f)
-	}
 	if s := o.attrs[ino]; s != nil {
 		// The attributes held changes were answered with are stale too.
 		s.gen.Add(1)
 	}
 	o.filesMu.Unlock()
-	for _, f := range fs {
-		f.ra.mu.Lock()
-		f.ra.gen++
-		f.ra.windows = nil
-		f.ra.mu.Unlock()
-	}
+	o.cache.drop(ino)
 }
 
-// dropAllWindows is dropWindows for every inode open here, for when
-// change events may have been missed.
+// dropAllWindows is dropWindows for every inode, for when change events
+// may have been missed.
 func (o *ClientOps) dropAllWindows() {
 	o.filesMu.Lock()
-	inos := make([]uint64, 0, len(o.files))
-	for ino := range o.files {
-		inos = append(inos, ino)
+	for _, s := range o.attrs {
+		s.gen.Add(1)
 	}
 	o.filesMu.Unlock()
-	for _, ino := range inos {
-		o.dropWindows(ino)
+	o.cache.clear()
+}
+
+// sharedCache reports whether windows fetched by one handle may answer
+// another's reads (see datacache.go).
+func (o *ClientOps) sharedCache() bool {
+	return o.opt.DataCache > 0 && o.watching.Load()
+}
+
+// readCached answers a read from a window already held or being fetched,
+// without starting a fetch: small reads are random reads, for which a
+// window would fetch far more than asked. ok is false when the read must
+// go to the cluster.
+func (o *ClientOps) readCached(ctx context.Context, ino, handle uint64, off int64, dst []byte) (n int, ok bool, err error) {
+	start := off &^ (raWindow - 1)
+	if off < 0 || off+int64(len(dst)) > start+raWindow {
+		return 0, false, nil
 	}
+	w := o.cache.lookup(ino, start)
+	if w == nil {
+		return 0, false, nil
+	}
+	return o.readFrom(ctx, w, handle, off, dst)
+}
+
+// readFrom copies what w holds at off into dst once w is fetched; ok is
+// false when w may not answer (stale, failed, or another handle's while
+// the cache is not shared).
+func (o *ClientOps) readFrom(ctx context.Context, w *window, handle uint64, off int64, dst []byte) (n int, ok bool, err error) {
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		return 0, true, ctx.Err()
+	}
+	if !o.cache.usable(w, handle, o.sharedCache()) {
+		return 0, false, nil
+	}
+	if rel := off - w.off; rel < int64(len(w.data)) {
+		n = copy(dst, w.data[rel:])
+	}
+	return n, true, nil
 }
 
 // readWindowed answers a large read from f's windows, fetching the
-// window(s) it needs and starting the next one. ok is false when the read
+// window(s) it needs and starting the next ones. ok is false when the read
 // must go to the cluster directly.
 func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, dst []byte) (n int, ok bool, err error) {
 	if len(dst) < raMinRead || len(dst) > raWindow || off < 0 {
@@ -128,50 +143,25 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 	}
 	w := o.window(f, start)
 	seq := f.ra.sequential(start)
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-		return 0, true, ctx.Err()
-	}
-	f.ra.mu.Lock()
-	stale := w.gen != f.ra.gen
-	f.ra.mu.Unlock()
-	if w.err != nil || stale {
-		return 0, false, nil
-	}
-	if seq && len(w.data) == raWindow {
+	n, ok, err = o.readFrom(ctx, w, f.handle, off, dst)
+	if ok && err == nil && seq && len(w.data) == raWindow {
 		// Not at the end: the reader will want the next ones.
 		for i := int64(1); i <= raAhead; i++ {
 			o.window(f, start+i*raWindow)
 		}
 	}
-	if rel := off - w.off; rel < int64(len(w.data)) {
-		n = copy(dst, w.data[rel:])
-	}
-	return n, true, nil
+	return n, ok, err
 }
 
-// window returns f's window at start, starting its fetch if it has none.
+// window returns ino's window at start, starting its fetch through f if
+// the cache has none.
 func (o *ClientOps) window(f *openFile, start int64) *window {
-	f.ra.mu.Lock()
-	defer f.ra.mu.Unlock()
-	for _, w := range f.ra.windows {
-		if w.off == start {
-			return w
-		}
-	}
-	w := &window{off: start, gen: f.ra.gen, done: make(chan struct{})}
-	if len(f.ra.windows) == raMaxAlive {
-		f.ra.windows = f.ra.windows[1:]
-	}
-	f.ra.windows = append(f.ra.windows, w)
-	go func() {
-		defer close(w.done)
+	return o.cache.window(f.ino, start, f.handle, o.sharedCache(), func(w *window) {
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
 		buf := make([]byte, raWindow)
+		o.reads.Add(1)
 		n, err := o.c.ReadHandle(ctx, f.handle, start, buf)
 		w.data, w.err = buf[:n], err
-	}()
-	return w
+	})
 }
