@@ -239,6 +239,9 @@ func (o *ClientOps) Open(ctx context.Context, ino uint64, flags int, c Caller) (
 	if err != nil {
 		return OpenOut{}, errnoOf("open", err)
 	}
+	if f&syscall.O_TRUNC != 0 {
+		o.dropWindows(ino)
+	}
 	o.register(newOpenFile(ino, h, f&syscall.O_APPEND != 0))
 	return OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
 }
@@ -266,6 +269,9 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 		// security.capability check before the first write (see
 		// capMissCache) needs no round trip.
 		o.capMiss.add(a.Ino)
+	}
+	if f&syscall.O_TRUNC != 0 {
+		o.dropWindows(a.Ino) // it may have existed, with data
 	}
 	o.register(newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0))
 	return a, out, 0

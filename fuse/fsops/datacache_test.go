@@ -95,7 +95,39 @@ func TestDataCacheServesLaterOpens(t *testing.T) {
 	copy(content[1<<20+7:], "MINE")
 	require.True(t, bytes.Equal(content[1<<20:1<<20+4096], readAt(t, ops, ino, h, 1<<20, 4096)))
 	require.Zero(t, ops.Release(ctx, ino, w))
+
 	require.Zero(t, ops.Release(ctx, ino, h))
+}
+
+// TestDataCacheDroppedByTruncatingOpen: opening with O_TRUNC, or creating
+// over the file with it, empties what the mount answers at once, even
+// from a window the reading handle fetched itself (no change stream here,
+// so nothing else would drop it).
+func TestDataCacheDroppedByTruncatingOpen(t *testing.T) {
+	ops, _ := newOps(t, Options{DataCache: 64 << 20})
+	ctx := context.Background()
+	content := bytes.Repeat([]byte("abcdefgh"), 1<<16)
+	ino := writeFile(t, ops, "f", content)
+	for _, trunc := range []func() uint64{
+		func() uint64 { return open(t, ops, ino, syscall.O_RDWR|syscall.O_TRUNC) },
+		func() uint64 {
+			_, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR|syscall.O_TRUNC, 0o644, root)
+			require.Zero(t, e)
+			return out.Handle
+		},
+	} {
+		w := open(t, ops, ino, syscall.O_WRONLY)
+		_, e := ops.Write(ctx, ino, w, 0, content)
+		require.Zero(t, e)
+		require.Zero(t, ops.Release(ctx, ino, w))
+		h := open(t, ops, ino, syscall.O_RDONLY)
+		require.True(t, bytes.Equal(content[:128<<10], readAt(t, ops, ino, h, 0, 128<<10)))
+		require.NotEmpty(t, ops.cache.starts(ino))
+		tr := trunc()
+		require.Empty(t, readAt(t, ops, ino, h, 4096, 4096), "read after O_TRUNC")
+		require.Zero(t, ops.Release(ctx, ino, tr))
+		require.Zero(t, ops.Release(ctx, ino, h))
+	}
 }
 
 // TestDataCacheNotSharedWithoutStream: without the change stream, nothing
