@@ -97,6 +97,36 @@ func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
 		"disk holds %d bytes", dir.Stats().Bytes)
 }
 
+// TestSnapshotBeingReadKeepsItsBlocks: a snapshot open for reading (Raft
+// sending it to a follower) keeps the blocks it names on disk after newer
+// snapshots have replaced it, until the reader is closed.
+func TestSnapshotBeingReadKeepsItsBlocks(t *testing.T) {
+	_, leader, s, _ := fileCluster(t, "/big", 16, 11)
+	snapshotNow(t, leader)
+	metas, err := leader.stores.Snapshots.List()
+	require.NoError(t, err)
+	_, rc, err := leader.stores.Snapshots.Open(metas[0].ID)
+	require.NoError(t, err)
+
+	writeChunks(s, "/big", 0, uniqueBytes(16*chunk, 12))
+	snapshotNow(t, leader)
+	s.mkdir("/d")
+	snapshotNow(t, leader)
+	metas, err = leader.stores.Snapshots.List()
+	require.NoError(t, err)
+	require.Len(t, metas, 2, "the snapshot being read was reaped")
+	dir := leader.sync.dir
+	collect := func() uint64 {
+		_, err := dir.Retain(leader.rfsm.liveBlocks)
+		require.NoError(t, err)
+		return dir.Stats().Bytes
+	}
+	require.Equal(t, uint64(32*chunk), collect(), "the blocks of the snapshot being read were collected")
+
+	require.NoError(t, rc.Close())
+	require.Equal(t, uint64(16*chunk), collect(), "closed: its blocks go")
+}
+
 func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
 	c, leader, s, data := fileCluster(t, "/big", 64, 4)
 	f := follower(c, leader, 0)
@@ -135,12 +165,10 @@ func requireSnapshotsOnDisk(t *testing.T, n *Node) {
 	metas, err := n.rfsm.snaps.List()
 	require.NoError(t, err)
 	require.NotEmpty(t, metas)
-	for _, m := range metas {
-		named := map[block.Hash]struct{}{}
-		require.NoError(t, n.rfsm.scanSnapshot(m.ID, named))
-		for h := range named {
-			require.True(t, n.sync.dir.Has(h), "snapshot %s names block %s, not on disk", m.ID, h.Short())
-		}
+	named, err := n.rfsm.snaps.liveBlocks()
+	require.NoError(t, err)
+	for h := range named {
+		require.True(t, n.sync.dir.Has(h), "a snapshot names block %s, not on disk", h.Short())
 	}
 }
 

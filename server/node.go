@@ -103,9 +103,9 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	if n.sync.dir != nil {
-		n.stores.Snapshots = &blockSnapshots{SnapshotStore: n.stores.Snapshots, sync: n.sync}
+		n.rfsm.snaps = newBlockSnapshots(n.stores.Snapshots, n.sync)
+		n.stores.Snapshots = n.rfsm.snaps
 	}
-	n.rfsm.snaps = n.stores.Snapshots
 	watch := newStoreWatch()
 	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes, watch: watch}
 	if err := n.openTransport(); err != nil {

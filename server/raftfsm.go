@@ -83,7 +83,7 @@ type raftFSM struct {
 	// node has one (not ephemeral); snaps lists the snapshots whose
 	// blocks must stay. ctx bounds restores.
 	sync  *blockSync
-	snaps raft.SnapshotStore
+	snaps *blockSnapshots // nil without a block directory
 	ctx   context.Context
 	gcMu  sync.Mutex
 
@@ -372,33 +372,15 @@ func (r *raftFSM) collectBlocks() {
 	}
 }
 
-// liveBlocks is the set of blocks the kept snapshots name.
+// liveBlocks is the set of blocks the kept snapshots, and those being
+// read (sent to a follower), name.
 func (r *raftFSM) liveBlocks() (func(block.Hash) bool, error) {
 	if r.snaps == nil {
 		return nil, errors.New("no snapshot store")
 	}
-	metas, err := r.snaps.List()
+	live, err := r.snaps.liveBlocks()
 	if err != nil {
 		return nil, err
 	}
-	live := map[block.Hash]struct{}{}
-	for _, m := range metas {
-		if err := r.scanSnapshot(m.ID, live); err != nil {
-			return nil, fmt.Errorf("snapshot %s: %w", m.ID, err)
-		}
-	}
 	return func(h block.Hash) bool { _, ok := live[h]; return ok }, nil
-}
-
-func (r *raftFSM) scanSnapshot(id string, live map[block.Hash]struct{}) error {
-	_, rc, err := r.snaps.Open(id)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	br := bufio.NewReaderSize(rc, 1<<20)
-	if _, err := readSnapshotHeader(br); err != nil {
-		return err
-	}
-	return fsm.ScanBlocks(br, func(h block.Hash, _ uint64) { live[h] = struct{}{} })
 }

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
+	"sync"
 
 	"github.com/hashicorp/raft"
 
@@ -17,9 +19,108 @@ import (
 // is; one the leader installs names blocks the node may hold only in
 // memory or not at all, and if it were listed first, a node that crashed
 // before its restore finished would need its peers to start at all.
+//
+// It also answers which blocks must stay on disk: those its listed
+// snapshots name and those of snapshots being read. Raft reads a snapshot
+// to send it to a follower, and may reap it (after newer ones) before the
+// follower has fetched its blocks; collecting them then would fail that
+// install and waste the transfer.
 type blockSnapshots struct {
 	raft.SnapshotStore
 	sync *blockSync
+
+	// mu orders opens against computing the live set: a snapshot opened
+	// is either registered in reading before the set is computed, or was
+	// still listed when it was.
+	mu      sync.Mutex
+	reading map[*readingSnapshot]struct{} // guarded by mu
+}
+
+func newBlockSnapshots(store raft.SnapshotStore, sync *blockSync) *blockSnapshots {
+	return &blockSnapshots{SnapshotStore: store, sync: sync, reading: map[*readingSnapshot]struct{}{}}
+}
+
+// readingSnapshot is an open snapshot, read into memory: with the blocks
+// outside it, the stream is the tree's metadata and block names.
+type readingSnapshot struct {
+	*bytes.Reader
+	stream []byte
+	s      *blockSnapshots
+	once   sync.Once
+}
+
+// Close stops keeping the snapshot's blocks for this reader.
+func (r *readingSnapshot) Close() error {
+	r.once.Do(func() {
+		r.s.mu.Lock()
+		delete(r.s.reading, r)
+		r.s.mu.Unlock()
+	})
+	return nil
+}
+
+// Open implements raft.SnapshotStore. The blocks the snapshot names stay
+// on disk until the reader is closed, even if the snapshot is reaped.
+func (s *blockSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	meta, stream, err := s.readAll(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &readingSnapshot{Reader: bytes.NewReader(stream), stream: stream, s: s}
+	s.reading[r] = struct{}{}
+	return meta, r, nil
+}
+
+func (s *blockSnapshots) readAll(id string) (*raft.SnapshotMeta, []byte, error) {
+	meta, rc, err := s.SnapshotStore.Open(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rc.Close()
+	stream, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	return meta, stream, nil
+}
+
+// liveBlocks returns every block a listed snapshot or a snapshot being
+// read names. A snapshot that cannot be read is an error: keeping too
+// much is safe, removing too much is not.
+func (s *blockSnapshots) liveBlocks() (map[block.Hash]struct{}, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	metas, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	live := map[block.Hash]struct{}{}
+	for _, m := range metas {
+		_, stream, err := s.readAll(m.ID)
+		if err == nil {
+			err = scanStream(stream, live)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", m.ID, err)
+		}
+	}
+	for r := range s.reading {
+		if err := scanStream(r.stream, live); err != nil {
+			return nil, fmt.Errorf("snapshot being read: %w", err)
+		}
+	}
+	return live, nil
+}
+
+// scanStream adds the blocks a snapshot stream names to live.
+func scanStream(stream []byte, live map[block.Hash]struct{}) error {
+	br := bufio.NewReader(bytes.NewReader(stream))
+	if _, err := readSnapshotHeader(br); err != nil {
+		return err
+	}
+	return fsm.ScanBlocks(br, func(h block.Hash, _ uint64) { live[h] = struct{}{} })
 }
 
 func (s *blockSnapshots) Create(version raft.SnapshotVersion, index, term uint64, conf raft.Configuration,
