@@ -39,6 +39,11 @@ func newClient(t *testing.T, addrs []string, opts ...client.Option) *client.Clie
 	return c
 }
 
+// testBinding is the FUSE binding the tests mount with unless a test
+// names one: MEMFS_FUSE_BINDING (scripts/test.sh runs the package once
+// per binding), bazil when unset.
+var testBinding = os.Getenv("MEMFS_FUSE_BINDING")
+
 // mountOn mounts the cluster reachable at addrs on a new directory with its
 // own client, and unmounts it at cleanup (tearing the connection down by
 // force if a hung request keeps it busy).
@@ -47,6 +52,9 @@ func mountOn(t *testing.T, addrs []string, opt Options) *MountPoint {
 	c := newClient(t, addrs)
 	if opt.OpTimeout == 0 {
 		opt.OpTimeout = testOpTimeout
+	}
+	if opt.Binding == "" {
+		opt.Binding = testBinding
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -38,6 +38,13 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/fuse/bazilfs"
 	"github.com/memoryfs/memfs/fuse/fsops"
+	"github.com/memoryfs/memfs/fuse/gofusefs"
+)
+
+// The FUSE bindings a mount can be served with (Options.Binding).
+const (
+	BindingBazil  = "bazil"  // bazil.org/fuse (fuse/bazilfs), the default
+	BindingGoFuse = "gofuse" // github.com/hanwen/go-fuse/v2 (fuse/gofusefs)
 )
 
 // Defaults of Options.
@@ -82,6 +89,9 @@ type Options struct {
 	// NoWatch leaves the change stream unread (for measurements): other
 	// mounts' changes are then seen only when the timeouts run out.
 	NoWatch bool
+	// Binding is the FUSE library serving the mount: BindingBazil (when
+	// empty) or BindingGoFuse.
+	Binding string
 	// FSName is the source shown in the mount table ("memfs" when empty).
 	FSName string
 	// Debug, if set, receives a trace line for every FUSE request and
@@ -89,12 +99,20 @@ type Options struct {
 	Debug func(msg any)
 }
 
+// binding is one FUSE library serving a mount.
+type binding interface {
+	fsops.Invalidator
+	// serve answers the kernel until the mount is gone.
+	serve() error
+	// close releases what serving held once it has stopped.
+	close() error
+}
+
 // MountPoint is a mounted cluster.
 type MountPoint struct {
 	dir       string
-	conn      *bfuse.Conn
+	srv       binding
 	ops       *fsops.ClientOps
-	fs        *bazilfs.FS
 	stopWatch context.CancelFunc
 	done      chan struct{}
 	serveErr  error // set before done is closed
@@ -123,21 +141,27 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 		opt.DataCache = 0
 	}
 	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache})
-	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
-	conn, err := bfuse.Mount(real, mountOptions(opt)...)
+	srv, err := mountBinding(real, ops, opt)
 	if err != nil {
-		return nil, fmt.Errorf("mount %s: %w", real, err)
+		return nil, err
 	}
-	m := &MountPoint{dir: real, conn: conn, ops: ops, fs: bfs, done: make(chan struct{})}
+	m := &MountPoint{dir: real, srv: srv, ops: ops, done: make(chan struct{})}
 	wctx, stop := context.WithCancel(context.Background())
 	m.stopWatch = stop
 	if !opt.NoWatch {
-		go ops.Watch(wctx, bfs)
+		go ops.Watch(wctx, srv)
 	}
 	go func() {
-		m.serveErr = bfs.Serve(conn)
+		m.serveErr = srv.serve()
 		close(m.done)
 	}()
+	if g, ok := srv.(*gofuseServer); ok {
+		if err := g.WaitMount(); err != nil {
+			_ = fusermountUnmount(ctx, real, true)
+			stop()
+			return nil, fmt.Errorf("mount %s: %w", real, err)
+		}
+	}
 	if opt.ReadaheadKiB >= 0 {
 		setReadahead(real, cmp(opt.ReadaheadKiB, DefaultReadaheadKiB))
 	}
@@ -151,14 +175,64 @@ func cmp(v, def int) int {
 	return v
 }
 
-// mountOptions are the kernel mount options for opt.
-func mountOptions(opt Options) []bfuse.MountOption {
-	name := opt.FSName
-	if name == "" {
-		name = "memfs"
+// mountBinding mounts dir with the binding opt names.
+func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error) {
+	switch opt.Binding {
+	case "", BindingBazil:
+		bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
+		conn, err := bfuse.Mount(dir, mountOptions(opt)...)
+		if err != nil {
+			return nil, fmt.Errorf("mount %s: %w", dir, err)
+		}
+		return &bazilServer{bfs, conn}, nil
+	case BindingGoFuse:
+		gfs, err := gofusefs.Mount(dir, ops, gofusefs.Config{
+			AttrTimeout: opt.AttrTimeout, Watching: ops.Watching,
+			FSName: fsName(opt), AllowOther: opt.AllowOther, WritebackCache: opt.WritebackCache,
+			MaxReadahead: maxReadahead, MaxBackground: maxBackground, Congestion: congestion,
+			Debug: opt.Debug != nil,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("mount %s: %w", dir, err)
+		}
+		return &gofuseServer{gfs}, nil
 	}
+	return nil, fmt.Errorf("mount %s: unknown FUSE binding %q (want %s or %s)", dir, opt.Binding, BindingBazil, BindingGoFuse)
+}
+
+type bazilServer struct {
+	*bazilfs.FS
+	conn *bfuse.Conn
+}
+
+func (b *bazilServer) serve() error { return b.Serve(b.conn) }
+func (b *bazilServer) close() error { return b.conn.Close() }
+
+// gofuseServer serves with go-fuse, which closes its device itself when
+// serving ends.
+type gofuseServer struct{ *gofusefs.FS }
+
+func (g *gofuseServer) serve() error { g.Serve(); return nil }
+func (g *gofuseServer) close() error { return nil }
+
+// Kernel queue settings shared by both bindings.
+const (
+	maxReadahead  = 1 << 20
+	maxBackground = 64
+	congestion    = 48
+)
+
+func fsName(opt Options) string {
+	if opt.FSName == "" {
+		return "memfs"
+	}
+	return opt.FSName
+}
+
+// mountOptions are bazil's kernel mount options for opt.
+func mountOptions(opt Options) []bfuse.MountOption {
 	o := []bfuse.MountOption{
-		bfuse.FSName(name),
+		bfuse.FSName(fsName(opt)),
 		bfuse.Subtype("memfs"),
 		// The kernel checks modes itself against the attributes.
 		bfuse.DefaultPermissions(),
@@ -166,9 +240,9 @@ func mountOptions(opt Options) []bfuse.MountOption {
 		bfuse.AsyncRead(),
 		// The kernel takes the smaller of this and its own default;
 		// setReadahead raises the latter.
-		bfuse.MaxReadahead(1 << 20),
-		bfuse.MaxBackground(64),
-		bfuse.CongestionThreshold(48),
+		bfuse.MaxReadahead(maxReadahead),
+		bfuse.MaxBackground(maxBackground),
+		bfuse.CongestionThreshold(congestion),
 	}
 	if opt.AllowOther {
 		o = append(o, bfuse.AllowOther())
@@ -262,7 +336,7 @@ func (m *MountPoint) doUnmount(ctx context.Context) error {
 }
 
 func (m *MountPoint) closeConn() error {
-	err := m.conn.Close()
+	err := m.srv.close()
 	if m.serveErr != nil {
 		return errors.Join(m.serveErr, err)
 	}

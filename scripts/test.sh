@@ -17,8 +17,10 @@ go test -race -count=1 -timeout 20m $(go list ./fsm/... ./server/... ./client/..
 # per-syscall watchdogs; under the race detector's 5-10x slowdown on two
 # cores those watchdogs fire, so this package runs without -race (its
 # concurrency lives in fuse/fsops and client, which run with it above).
-step "FUSE mount tests"
+step "FUSE mount tests (bazil.org/fuse binding)"
 go test -count=1 -timeout 20m ./fuse/
+step "FUSE mount tests (go-fuse binding)"
+MEMFS_FUSE_BINDING=gofuse go test -count=1 -timeout 20m ./fuse/
 
 if [ -d test ]; then
   step "fault-injection suite (CI set)"

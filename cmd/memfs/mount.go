@@ -35,6 +35,7 @@ var mountFlags struct {
 	logFile      string
 	debug        bool
 	cpuProfile   string
+	binding      string
 }
 
 var mountCmd = &cobra.Command{
@@ -72,6 +73,7 @@ func init() {
 	f.Var(&mountFlags.dataCache, "data-cache", "file data kept in the mount's memory for later reads while change events arrive (0: readahead only)")
 	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
+	f.StringVar(&mountFlags.binding, "binding", fuse.BindingBazil, "FUSE library serving the mount: bazil (bazil.org/fuse) or gofuse (go-fuse: 1 MiB requests, negative entries; docs/fuse.md)")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -94,6 +96,7 @@ func mountOptions() fuse.Options {
 		NoWatch:        mountFlags.noWatch,
 		ReadaheadKiB:   mountFlags.readaheadKiB,
 		DataCache:      dataCacheOption(int64(mountFlags.dataCache)),
+		Binding:        mountFlags.binding,
 	}
 }
 

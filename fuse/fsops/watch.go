@@ -50,6 +50,12 @@ func (o *ClientOps) Watch(ctx context.Context, inv Invalidator) {
 	}
 }
 
+// Watching reports whether the change stream is open and its events are
+// being applied: only then may a binding let the kernel cache what could
+// change elsewhere without a timeout to bound it (kept pages, missing
+// names).
+func (o *ClientOps) Watching() bool { return o.watching.Load() }
+
 // consume applies events from ch until it closes.
 func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv Invalidator) {
 	for {

@@ -1,0 +1,149 @@
+package gofusefs
+
+import (
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/memoryfs/memfs/fuse/fsops"
+)
+
+// openOut fills the kernel's open reply.
+func openOut(out *fuse.OpenOut, o fsops.OpenOut) {
+	out.Fh = o.Handle
+	if o.KeepCache {
+		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
+	}
+}
+
+// Open implements fuse.RawFileSystem.
+func (f *FS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	o, e := f.ops.Open(ctx(), in.NodeId, int(in.Flags), caller(&in.InHeader))
+	if e != 0 {
+		return status(e)
+	}
+	openOut(out, o)
+	return fuse.OK
+}
+
+// Create implements fuse.RawFileSystem.
+func (f *FS) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	a, o, e := f.ops.Create(ctx(), in.NodeId, name, int(in.Flags), in.Mode&0o7777, caller(&in.InHeader))
+	if e != 0 {
+		return status(e)
+	}
+	f.entry(&out.EntryOut, a)
+	openOut(&out.OpenOut, o)
+	return fuse.OK
+}
+
+// Read implements fuse.RawFileSystem, filling go-fuse's buffer.
+func (f *FS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	n, e := f.ops.Read(ctx(), in.NodeId, in.Fh, int64(in.Offset), buf[:in.Size])
+	if e != 0 {
+		return nil, status(e)
+	}
+	return fuse.ReadResultData(buf[:n]), fuse.OK
+}
+
+// Write implements fuse.RawFileSystem. data is reused once this returns;
+// fsops copies what it keeps.
+func (f *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	n, e := f.ops.Write(ctx(), in.NodeId, in.Fh, int64(in.Offset), data)
+	return uint32(n), status(e)
+}
+
+// Flush implements fuse.RawFileSystem (each close of a descriptor).
+func (f *FS) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	return status(f.ops.Flush(ctx(), in.NodeId, in.Fh))
+}
+
+// Fsync implements fuse.RawFileSystem.
+func (f *FS) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	return status(f.ops.Fsync(ctx(), in.NodeId))
+}
+
+// Release implements fuse.RawFileSystem (the last close).
+func (f *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
+	_ = f.ops.Release(ctx(), in.NodeId, in.Fh)
+}
+
+// Fallocate implements fuse.RawFileSystem: not supported, as with bazil
+// (glibc's posix_fallocate then writes zeros).
+func (f *FS) Fallocate(<-chan struct{}, *fuse.FallocateIn) fuse.Status {
+	return fuse.Status(syscall.EOPNOTSUPP)
+}
+
+// dirHandle is one open directory: its listing, read at offset 0 (opendir
+// or rewinddir) and served from there.
+type dirHandle struct {
+	mu   sync.Mutex
+	ents []fsops.DirEntry // guarded by mu
+}
+
+// dirTable maps the kernel's directory handles to listings.
+type dirTable struct {
+	mu   sync.Mutex
+	next uint64
+	m    map[uint64]*dirHandle // guarded by mu
+}
+
+func (t *dirTable) open() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	t.m[t.next] = &dirHandle{}
+	return t.next
+}
+
+func (t *dirTable) get(fh uint64) *dirHandle {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[fh]
+}
+
+func (t *dirTable) close(fh uint64) {
+	t.mu.Lock()
+	delete(t.m, fh)
+	t.mu.Unlock()
+}
+
+// OpenDir implements fuse.RawFileSystem. The kernel opens only nodes it
+// knows to be directories; the listing is read by the first READDIR.
+func (f *FS) OpenDir(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	out.Fh = f.dirs.open()
+	return fuse.OK
+}
+
+// ReadDir implements fuse.RawFileSystem. Offsets are positions in the
+// listing, which is read again at offset 0.
+func (f *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	d := f.dirs.get(in.Fh)
+	if d == nil {
+		return fuse.EBADF
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in.Offset == 0 || d.ents == nil {
+		ents, e := f.ops.ReadDir(ctx(), in.NodeId)
+		if e != 0 {
+			return status(e)
+		}
+		d.ents = ents
+	}
+	for i := in.Offset; i < uint64(len(d.ents)); i++ {
+		de := d.ents[i]
+		if !out.AddDirEntry(fuse.DirEntry{Name: de.Name, Ino: de.Ino, Mode: de.Mode, Off: i + 1}) {
+			break
+		}
+	}
+	return fuse.OK
+}
+
+// ReleaseDir implements fuse.RawFileSystem.
+func (f *FS) ReleaseDir(in *fuse.ReleaseIn) { f.dirs.close(in.Fh) }
+
+// FsyncDir implements fuse.RawFileSystem: directory changes are committed
+// before their operations return, so there is nothing to wait for.
+func (f *FS) FsyncDir(<-chan struct{}, *fuse.FsyncIn) fuse.Status { return fuse.OK }
