@@ -10,6 +10,8 @@
 #   memfs           a MemoryFS mount of a fresh local 3-node cluster,
 #   memfs_nocache   a second mount of it with --data-cache 0: every read
 #                   the kernel does not answer itself goes to the cluster,
+#   memfs_gofuse    a mount of it served by the go-fuse binding
+#                   (--binding gofuse) instead of bazil.org/fuse,
 #
 # and `memfs bench` (the client library) against the same cluster, then the
 # delay until a change made through the client is seen through the mount
@@ -40,7 +42,7 @@ JOBS=${JOBS:-8}
 TARFILES=${TARFILES:-10000}
 CHANGES=${CHANGES:-300}
 LOG_STORE=${LOG_STORE:-bolt}
-ONLY=${ONLY:-tmpfs passthrough_ll bindfs gofuse gofuse_pt memfs memfs_nocache client}
+ONLY=${ONLY:-tmpfs passthrough_ll bindfs gofuse gofuse_pt memfs memfs_gofuse memfs_nocache client}
 PHASES=${PHASES:-fio tar}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if [ -n "${WORK:-}" ]; then mkdir -p "$WORK"; work=$(mktemp -d "$WORK/run-XXXXXX"); else work=$(mktemp -d /tmp/memfs-fio-XXXXXX); fi
@@ -174,7 +176,7 @@ for g in gofuse gofuse_pt; do
   run_all $g "$work/$g"; labels+=($g)
 done
 
-if want memfs || want memfs_nocache || want client; then
+if want memfs || want memfs_gofuse || want memfs_nocache || want client; then
   "$BIN" up --nodes 3 --dir "$work/data" --base-port "$base" --log-store "$LOG_STORE" >"$work/up.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
@@ -186,6 +188,13 @@ if want memfs; then
   "$BIN" --cluster "$cluster" mount --daemon --log "$work/mount.log" "$work/mnt" >/dev/null
   mounts+=("$work/mnt")
   run_all memfs "$work/mnt"; labels+=(memfs)
+fi
+
+if want memfs_gofuse; then
+  mkdir "$work/mntgf"
+  "$BIN" --cluster "$cluster" mount --daemon --binding gofuse --log "$work/mountgf.log" "$work/mntgf" >/dev/null
+  mounts+=("$work/mntgf")
+  run_all memfs_gofuse "$work/mntgf"; labels+=(memfs_gofuse)
 fi
 
 if want memfs_nocache; then

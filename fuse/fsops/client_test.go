@@ -66,9 +66,18 @@ func TestWriteBehindModel(t *testing.T) {
 			for off := int64(0); off < 3<<20+5000; off += 128 << 10 {
 				write(off, chunk(128<<10))
 			}
-			// ...then overlapping pieces anywhere, some past the end.
-			for range 40 {
-				write(rng.Int64N(int64(len(model))+100000), chunk(1+rng.IntN(200000)))
+			// ...a stream of whole-buffer requests (go-fuse sends 1 MiB)...
+			for off, end := int64(len(model)), int64(len(model))+4<<20; off < end; off += writeBuf {
+				write(off, chunk(writeBuf))
+			}
+			// ...then overlapping pieces anywhere, some past the end,
+			// some of a whole buffer.
+			for i := range 40 {
+				n := 1 + rng.IntN(200000)
+				if i%5 == 0 {
+					n = writeBuf
+				}
+				write(rng.Int64N(int64(len(model))+100000), chunk(n))
 			}
 			// The last write grows the file and stays buffered.
 			write(int64(len(model)), chunk(5000))

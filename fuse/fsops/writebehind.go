@@ -8,9 +8,9 @@ import (
 )
 
 // Write-behind. The kernel hands a sequential writer's data over in
-// requests of at most 128 KiB and waits for each before sending the next,
-// so committing each through Raft on its own caps a stream at one commit
-// per 128 KiB. Instead, a handle collects contiguous writes into a buffer
+// requests of at most 128 KiB (bazil) or 1 MiB (go-fuse) and waits for each
+// before sending the next, so committing each through Raft on its own caps
+// a stream at one commit per request. Instead, a handle collects contiguous writes into a buffer
 // of up to writeBuf bytes, acknowledges them at once, and commits full
 // buffers in the background, up to writeDepth at a time: one Raft entry
 // per MiB and several in flight.
@@ -173,7 +173,7 @@ func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
 	}
 	f.mu.Unlock()
 	o.sendBuffered(f)
-	if len(data) >= writeBuf {
+	if len(data) > writeBuf {
 		// Written synchronously: nothing in flight may land on it later.
 		f.inflight.Wait()
 		return false
@@ -182,7 +182,13 @@ func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
 	f.buf = append(make([]byte, 0, writeBuf), data...)
 	f.bufOff = off
 	f.pending.Add(int64(len(data)))
+	full := len(f.buf) == writeBuf
 	f.mu.Unlock()
+	if full {
+		// A whole buffer in one request (go-fuse sends up to 1 MiB):
+		// committed in the background like one filled piece by piece.
+		o.sendBuffered(f)
+	}
 	return true
 }
 
