@@ -105,6 +105,10 @@ func TestMountCommandRefusals(t *testing.T) {
 
 	_, _, code = memfsCmd(t, bin, cluster, "mount")
 	require.Equal(t, 2, code, "no mountpoint is a usage error")
+
+	_, stderr, code = memfsCmd(t, bin, cluster, "mount", "--binding", "libfuse", dir)
+	require.Equal(t, 2, code, "an unknown binding is a usage error")
+	require.Contains(t, stderr, `--binding "libfuse": want bazil or gofuse`)
 }
 
 // TestMountCommandForeground mounts in the foreground, uses the mount,
@@ -146,21 +150,29 @@ func TestMountCommandForeground(t *testing.T) {
 }
 
 // TestMountCommandDaemonAndStale detaches a mount, kills it with SIGKILL,
-// and checks that the next `memfs mount` clears the stale mountpoint.
+// and checks that the next `memfs mount` clears the stale mountpoint, with
+// each FUSE binding.
 func TestMountCommandDaemonAndStale(t *testing.T) {
 	requireFUSE(t)
 	bin := memfsBinary(t)
 	cl := server.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
+	for _, binding := range []string{fuse.BindingBazil, fuse.BindingGoFuse} {
+		t.Run(binding, func(t *testing.T) { daemonAndStale(t, bin, cluster, binding) })
+	}
+}
+
+func daemonAndStale(t *testing.T, bin, cluster, binding string) {
 	dir := t.TempDir()
 	lazyUnmountAtCleanup(t, dir)
+	name := filepath.Join("/", binding)
 
-	out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", dir)
+	out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", "--binding", binding, dir)
 	require.Zero(t, code, stderr)
 	require.True(t, mounted(t, dir), "--daemon returns once the mount is ready")
 	pid := daemonPID(t, out)
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "a"), []byte("1"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("1"), 0o644))
 
 	// A killed mount process leaves a dead mount behind.
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
@@ -168,10 +180,10 @@ func TestMountCommandDaemonAndStale(t *testing.T) {
 	_, err := os.Stat(dir)
 	require.ErrorIs(t, err, syscall.ENOTCONN)
 
-	out, stderr, code = memfsCmd(t, bin, cluster, "mount", "--daemon", dir)
+	out, stderr, code = memfsCmd(t, bin, cluster, "mount", "--daemon", "--binding", binding, dir)
 	require.Zero(t, code, stderr)
 	pid = daemonPID(t, out)
-	got, err := os.ReadFile(filepath.Join(dir, "a"))
+	got, err := os.ReadFile(filepath.Join(dir, name))
 	require.NoError(t, err)
 	require.Equal(t, "1", string(got))
 
