@@ -104,6 +104,9 @@ type binding interface {
 	fsops.Invalidator
 	// serve answers the kernel until the mount is gone.
 	serve() error
+	// ready returns once the kernel has initialised the mount (serve
+	// must be running).
+	ready() error
 	// close releases what serving held once it has stopped.
 	close() error
 }
@@ -155,12 +158,10 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 		m.serveErr = srv.serve()
 		close(m.done)
 	}()
-	if g, ok := srv.(*gofuseServer); ok {
-		if err := g.WaitMount(); err != nil {
-			_ = fusermountUnmount(ctx, real, true)
-			stop()
-			return nil, fmt.Errorf("mount %s: %w", real, err)
-		}
+	if err := srv.ready(); err != nil {
+		_ = fusermountUnmount(ctx, real, true)
+		stop()
+		return nil, fmt.Errorf("mount %s: %w", real, err)
 	}
 	if opt.ReadaheadKiB >= 0 {
 		setReadahead(real, cmp(opt.ReadaheadKiB, DefaultReadaheadKiB))
@@ -206,6 +207,7 @@ type bazilServer struct {
 }
 
 func (b *bazilServer) serve() error { return b.Serve(b.conn) }
+func (b *bazilServer) ready() error { return nil } // bfuse.Mount waited for INIT
 func (b *bazilServer) close() error { return b.conn.Close() }
 
 // gofuseServer serves with go-fuse, which closes its device itself when
@@ -213,6 +215,7 @@ func (b *bazilServer) close() error { return b.conn.Close() }
 type gofuseServer struct{ *gofusefs.FS }
 
 func (g *gofuseServer) serve() error { g.Serve(); return nil }
+func (g *gofuseServer) ready() error { return g.WaitMount() }
 func (g *gofuseServer) close() error { return nil }
 
 // Kernel queue settings shared by both bindings.
