@@ -109,7 +109,7 @@ func (c *Client) listDir(ctx context.Context, loc *pb.Loc) ([]fs.DirEntry, error
 	// over loc) make the listing fail with ENOENT for a path that always
 	// existed. Entries name their parent by inode so that Info still finds
 	// them if the directory is renamed meanwhile.
-	ds, ino, err := c.readDir(ctx, loc)
+	ds, ino, err := c.readDir(ctx, loc, false)
 	if err != nil {
 		return nil, err
 	}

@@ -325,7 +325,15 @@ func (c *Client) ReadIno(ctx context.Context, ino uint64, off int64, p []byte) (
 
 // ReadDirIno lists directory ino, following cookies until the end.
 func (c *Client) ReadDirIno(ctx context.Context, ino uint64) ([]*pb.Dirent, error) {
-	ents, _, err := c.readDir(ctx, &pb.Loc{Ino: ino})
+	ents, _, err := c.readDir(ctx, &pb.Loc{Ino: ino}, false)
+	return ents, err
+}
+
+// ReadDirPlusIno lists directory ino with each entry's attributes
+// (Dirent.Attr), as of the query that returned its page. A node that
+// predates the plus flag answers without them: Attr is then nil.
+func (c *Client) ReadDirPlusIno(ctx context.Context, ino uint64) ([]*pb.Dirent, error) {
+	ents, _, err := c.readDir(ctx, &pb.Loc{Ino: ino}, true)
 	return ents, err
 }
 
@@ -334,12 +342,12 @@ func (c *Client) ReadDirIno(ctx context.Context, ino uint64) ([]*pb.Dirent, erro
 // the node answers with the directory's attributes, and later pages ask for
 // that inode, so a listing by path is of one directory even if the path is
 // renamed meanwhile.
-func (c *Client) readDir(ctx context.Context, loc *pb.Loc) ([]*pb.Dirent, uint64, error) {
+func (c *Client) readDir(ctx context.Context, loc *pb.Loc, plus bool) ([]*pb.Dirent, uint64, error) {
 	var out []*pb.Dirent
 	var dir uint64
 	cookie := ""
 	for {
-		res, err := c.Query(ctx, &pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: loc, Cookie: cookie}}})
+		res, err := c.Query(ctx, &pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: loc, Cookie: cookie, Plus: plus}}})
 		if err != nil {
 			return nil, 0, err
 		}

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
 	pb "github.com/memoryfs/memfs/proto"
-	"github.com/stretchr/testify/require"
 )
 
 func TestRootAndAttrs(t *testing.T) {
@@ -106,6 +108,30 @@ func TestReadDirPaging(t *testing.T) {
 	require.Empty(t, r.Entries)
 	require.True(t, r.Eof)
 	require.Equal(t, ino(t, h, "/d"), r.Attr.GetIno(), "a listing names the directory it listed")
+}
+
+// TestReadDirPlus checks that a listing asked with plus carries every
+// entry's attributes, equal to what stat reports, in pages of at most
+// 1024, and that one asked without carries none.
+func TestReadDirPlus(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	h.Must(ft.Mkdir("/d", 0o755))
+	for i := range 1100 {
+		h.Must(ft.Mkdir(fmt.Sprintf("/d/n%04d", i), uint32(0o700+i%8)))
+	}
+	d := ino(t, h, "/d")
+	plus := h.MustQ(&pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: ft.Ino(d), Plus: true}}})
+	require.Len(t, plus.Entries, 1024, "a plus page holds at most 1024 entries")
+	require.False(t, plus.Eof)
+	for _, e := range plus.Entries[:20] {
+		require.NotNil(t, e.Attr, e.Name)
+		require.True(t, proto.Equal(h.MustQ(ft.Lstat("/d/"+e.Name)).Attr, e.Attr), e.Name)
+	}
+	plain := h.MustQ(&pb.Query{Q: &pb.Query_ReadDir{ReadDir: &pb.ReadDirQuery{Loc: ft.Ino(d)}}})
+	require.Len(t, plain.Entries, 1024)
+	for _, e := range plain.Entries {
+		require.Nil(t, e.Attr, e.Name)
+	}
 }
 
 func TestXattrs(t *testing.T) {

@@ -104,6 +104,9 @@ func (s *state) readDir(x *pb.ReadDirQuery) (*pb.Result, error) {
 		limit = readDirLimit
 	}
 	limit = min(limit, maxReadDir)
+	if x.Plus {
+		limit = min(limit, readDirLimit)
+	}
 	it := s.dirents.root().Iterator()
 	it.SeekLowerBound(dirKey(n.ino, x.Cookie))
 	// Attr names the directory listed: a client that lists a path learns
@@ -123,7 +126,13 @@ func (s *state) readDir(x *pb.ReadDirQuery) (*pb.Result, error) {
 			r.Eof = false
 			break
 		}
-		r.Entries = append(r.Entries, &pb.Dirent{Name: name, Ino: d.ino, Mode: d.typ})
+		e := &pb.Dirent{Name: name, Ino: d.ino, Mode: d.typ}
+		if x.Plus {
+			if c := s.inode(d.ino); c != nil {
+				e.Attr = c.attr()
+			}
+		}
+		r.Entries = append(r.Entries, e)
 	}
 	r.Cookie = x.Cookie
 	if len(r.Entries) > 0 {

@@ -520,3 +520,36 @@ func TestMknod(t *testing.T) {
 		require.ErrorIs(t, syscall.Mknod(p, tc.mode, 0), syscall.EEXIST)
 	}
 }
+
+// TestListingShowsWhatWasWritten lists a directory whose files were
+// written elsewhere and one this mount is writing (collected, not yet
+// committed): every size the listing's stat reports is current. With the
+// go-fuse binding the listing is READDIRPLUS and carries the attributes.
+func TestListingShowsWhatWasWritten(t *testing.T) {
+	cl := startCluster(t, 1)
+	m := mountOn(t, cl.APIAddrs(), Options{})
+	c := newClient(t, cl.APIAddrs())
+	require.NoError(t, c.Mkdir("/d", 0o755))
+	want := map[string]int64{}
+	for i := range 20 {
+		name := fmt.Sprintf("f%02d", i)
+		require.NoError(t, c.WriteFile("/d/"+name, make([]byte, i*37), 0o644))
+		want[name] = int64(i * 37)
+	}
+	f, err := os.Create(filepath.Join(m.Dir(), "d", "open"))
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Write(make([]byte, 5000))
+	require.NoError(t, err)
+	want["open"] = 5000
+
+	ents, err := os.ReadDir(filepath.Join(m.Dir(), "d"))
+	require.NoError(t, err)
+	got := map[string]int64{}
+	for _, e := range ents {
+		info, err := e.Info()
+		require.NoError(t, err)
+		got[e.Name()] = info.Size()
+	}
+	require.Equal(t, want, got)
+}

@@ -358,6 +358,7 @@ type Dirent struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
 	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // type bits only (S_IFDIR, S_IFREG, S_IFLNK)
+	Attr          *Attr                  `protobuf:"bytes,4,opt,name=attr,proto3" json:"attr,omitempty"`  // the entry's attributes, when the query asked (ReadDirQuery.plus)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -411,6 +412,13 @@ func (x *Dirent) GetMode() uint32 {
 		return x.Mode
 	}
 	return 0
+}
+
+func (x *Dirent) GetAttr() *Attr {
+	if x != nil {
+		return x.Attr
+	}
+	return nil
 }
 
 type Statfs struct {
@@ -2269,6 +2277,7 @@ type ReadDirQuery struct {
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
 	Cookie        string                 `protobuf:"bytes,2,opt,name=cookie,proto3" json:"cookie,omitempty"` // return names strictly after this one
 	Limit         uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`  // 0 = a server default
+	Plus          bool                   `protobuf:"varint,4,opt,name=plus,proto3" json:"plus,omitempty"`    // also each entry's attributes (READDIRPLUS); pages of at most 1024 entries
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2322,6 +2331,13 @@ func (x *ReadDirQuery) GetLimit() uint32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ReadDirQuery) GetPlus() bool {
+	if x != nil {
+		return x.Plus
+	}
+	return false
 }
 
 type ReadlinkQuery struct {
@@ -4228,11 +4244,12 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
 	"\x03ino\x18\x04 \x01(\x04R\x03ino\x12\x1a\n" +
-	"\bnofollow\x18\x05 \x01(\bR\bnofollow\"B\n" +
+	"\bnofollow\x18\x05 \x01(\bR\bnofollow\"f\n" +
 	"\x06Dirent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x8c\x02\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\"\n" +
+	"\x04attr\x18\x04 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\"\x8c\x02\n" +
 	"\x06Statfs\x12\x1f\n" +
 	"\vtotal_bytes\x18\x01 \x01(\x04R\n" +
 	"totalBytes\x12\x1d\n" +
@@ -4375,11 +4392,12 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x1f\n" +
 	"\x03loc\x18\x02 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\x04 \x01(\x03R\x06length\"]\n" +
+	"\x06length\x18\x04 \x01(\x03R\x06length\"q\n" +
 	"\fReadDirQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
 	"\x06cookie\x18\x02 \x01(\tR\x06cookie\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\rR\x05limit\"0\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x12\n" +
+	"\x04plus\x18\x04 \x01(\bR\x04plus\"0\n" +
 	"\rReadlinkQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"D\n" +
 	"\rGetXattrQuery\x12\x1f\n" +
@@ -4618,92 +4636,93 @@ var file_memfs_proto_goTypes = []any{
 	(*WatchEvent)(nil),            // 54: memfs.v1.WatchEvent
 }
 var file_memfs_proto_depIdxs = []int32{
-	3,  // 0: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 1: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 2: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 3: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 4: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
-	3,  // 5: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 6: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 7: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 8: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	3,  // 9: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 10: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 11: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 12: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	3,  // 13: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	6,  // 14: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 15: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 16: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 17: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 18: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 19: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 20: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	13, // 21: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	14, // 22: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	15, // 23: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	16, // 24: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	17, // 25: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	18, // 26: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	19, // 27: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	20, // 28: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	21, // 29: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	22, // 30: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 31: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 32: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 33: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	34, // 34: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	3,  // 35: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 36: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 37: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 38: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 39: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 40: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 41: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	25, // 42: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	26, // 43: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	27, // 44: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	28, // 45: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	29, // 46: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	30, // 47: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	31, // 48: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	32, // 49: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	33, // 50: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	22, // 51: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	24, // 52: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	35, // 53: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 54: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	24, // 55: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	22, // 56: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	24, // 57: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	42, // 58: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	42, // 59: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 60: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	36, // 61: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	38, // 62: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	40, // 63: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	38, // 64: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	43, // 65: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	45, // 66: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	47, // 67: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	49, // 68: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	51, // 69: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	53, // 70: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	37, // 71: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	39, // 72: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	37, // 73: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	41, // 74: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	44, // 75: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	46, // 76: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	48, // 77: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	50, // 78: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	52, // 79: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	54, // 80: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	71, // [71:81] is the sub-list for method output_type
-	61, // [61:71] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
+	3,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
+	3,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
+	3,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 8: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 9: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	3,  // 10: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	3,  // 11: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 12: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 13: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	3,  // 14: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	6,  // 15: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	7,  // 16: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	8,  // 17: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	9,  // 18: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	10, // 19: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	11, // 20: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	12, // 21: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	13, // 22: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	14, // 23: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	15, // 24: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	16, // 25: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	17, // 26: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	18, // 27: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	19, // 28: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	20, // 29: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	21, // 30: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	22, // 31: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	2,  // 32: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	4,  // 33: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	5,  // 34: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	34, // 35: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	3,  // 36: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 37: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 38: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 39: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 40: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 41: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 42: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	25, // 43: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	26, // 44: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	27, // 45: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	28, // 46: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	29, // 47: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	30, // 48: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	31, // 49: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	32, // 50: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	33, // 51: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	22, // 52: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	24, // 53: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	35, // 54: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	1,  // 55: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	24, // 56: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	22, // 57: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	24, // 58: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	42, // 59: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	42, // 60: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	4,  // 61: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	36, // 62: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	38, // 63: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	40, // 64: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	38, // 65: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	43, // 66: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	45, // 67: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	47, // 68: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	49, // 69: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	51, // 70: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	53, // 71: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	37, // 72: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	39, // 73: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	37, // 74: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	41, // 75: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	44, // 76: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	46, // 77: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	48, // 78: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	50, // 79: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	52, // 80: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	54, // 81: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	72, // [72:82] is the sub-list for method output_type
+	62, // [62:72] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }

@@ -415,9 +415,31 @@ func (o *ClientOps) Release(ctx context.Context, _, handle uint64) (e syscall.Er
 // ReadDir implements Ops.
 func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e syscall.Errno) {
 	defer guard("readdir", &e)
+	return o.readDir(ctx, ino, false)
+}
+
+// ReadDirPlus implements Ops: entries carry their attributes, except those
+// of inodes this mount has acknowledged writes or attribute changes to not
+// yet committed (the cluster's size would be older than what the program
+// was told), which the kernel then looks up as usual.
+func (o *ClientOps) ReadDirPlus(ctx context.Context, ino uint64) (ents []DirEntry, e syscall.Errno) {
+	defer guard("readdirplus", &e)
+	return o.readDir(ctx, ino, true)
+}
+
+func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEntry, syscall.Errno) {
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
-	des, err := o.c.ReadDirIno(ctx, ino)
+	list := o.c.ReadDirIno
+	var dirtyBefore map[uint64]bool
+	if plus {
+		list = o.c.ReadDirPlusIno
+		// A write acknowledged before the query may be committed only
+		// after the query read the size; the kernel itself discards
+		// attributes older than writes made after it sent the request.
+		dirtyBefore = o.dirtyInodes()
+	}
+	des, err := list(ctx, ino)
 	if err != nil {
 		return nil, errnoOf("readdir", err)
 	}
@@ -431,12 +453,17 @@ func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e
 			parent = pa.GetIno()
 		}
 	}
-	ents = make([]DirEntry, 0, len(des)+2)
+	ents := make([]DirEntry, 0, len(des)+2)
 	ents = append(ents,
 		DirEntry{Name: ".", Ino: ino, Mode: syscall.S_IFDIR},
 		DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
 	for _, d := range des {
-		ents = append(ents, DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()})
+		de := DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
+		if pa := d.GetAttr(); pa != nil && !dirtyBefore[de.Ino] && !o.dirty(de.Ino) {
+			a := attrOf(pa)
+			de.Attr = &a
+		}
+		ents = append(ents, de)
 	}
 	return ents, 0
 }

@@ -75,6 +75,9 @@ type DirEntry struct {
 	Name string
 	Ino  uint64
 	Mode uint32
+	// Attr is the entry's attributes, from ReadDirPlus only, and only
+	// when they are as new as what this mount acknowledged (nil otherwise).
+	Attr *Attr
 }
 
 // StatfsOut is what statfs(2) reports.
@@ -126,6 +129,9 @@ type Ops interface {
 
 	// ReadDir lists "." and ".." first, then the directory's entries.
 	ReadDir(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)
+	// ReadDirPlus is ReadDir with the entries' attributes where known
+	// (DirEntry.Attr), for a binding that answers READDIRPLUS.
+	ReadDirPlus(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)
 	// Mknod makes a regular file (mode carries S_IFREG or no type bits);
 	// the cluster has no device, FIFO or socket inodes, so any other type
 	// is EPERM, what mknod(2) answers when a file system does not support

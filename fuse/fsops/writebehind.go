@@ -115,6 +115,24 @@ func (o *ClientOps) dirty(ino uint64) bool {
 	return o.hasHeld(ino)
 }
 
+// dirtyInodes returns the inodes dirty reports true for, of those this
+// mount has open (only an open file collects writes or holds changes).
+func (o *ClientOps) dirtyInodes() map[uint64]bool {
+	o.filesMu.Lock()
+	inos := make([]uint64, 0, len(o.files))
+	for ino := range o.files {
+		inos = append(inos, ino)
+	}
+	o.filesMu.Unlock()
+	out := map[uint64]bool{}
+	for _, ino := range inos {
+		if o.dirty(ino) {
+			out[ino] = true
+		}
+	}
+	return out
+}
+
 // openFiles returns the handles this mount has open on ino.
 func (o *ClientOps) openFiles(ino uint64) []*openFile {
 	o.filesMu.Lock()

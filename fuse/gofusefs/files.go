@@ -119,6 +119,19 @@ func (f *FS) OpenDir(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) fuse.
 // ReadDir implements fuse.RawFileSystem. Offsets are positions in the
 // listing, which is read again at offset 0.
 func (f *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return f.readDir(in, out, false)
+}
+
+// ReadDirPlus implements fuse.RawFileSystem: the entries with their
+// attributes, one query per 1024 names, so that `ls -l`, find or du need
+// no lookup per name. An entry without attributes (see
+// fsops.ClientOps.ReadDirPlus), and "." and "..", go as plain entries
+// (node ID 0), which the kernel looks up if it needs them.
+func (f *FS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return f.readDir(in, out, true)
+}
+
+func (f *FS) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
 	d := f.dirs.get(in.Fh)
 	if d == nil {
 		return fuse.EBADF
@@ -126,7 +139,11 @@ func (f *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if in.Offset == 0 || d.ents == nil {
-		ents, e := f.ops.ReadDir(ctx(), in.NodeId)
+		list := f.ops.ReadDir
+		if plus {
+			list = f.ops.ReadDirPlus
+		}
+		ents, e := list(ctx(), in.NodeId)
 		if e != 0 {
 			return status(e)
 		}
@@ -134,8 +151,19 @@ func (f *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList)
 	}
 	for i := in.Offset; i < uint64(len(d.ents)); i++ {
 		de := d.ents[i]
-		if !out.AddDirEntry(fuse.DirEntry{Name: de.Name, Ino: de.Ino, Mode: de.Mode, Off: i + 1}) {
+		e := fuse.DirEntry{Name: de.Name, Ino: de.Ino, Mode: de.Mode, Off: i + 1}
+		if !plus {
+			if !out.AddDirEntry(e) {
+				break
+			}
+			continue
+		}
+		eo := out.AddDirLookupEntry(e)
+		if eo == nil {
 			break
+		}
+		if de.Attr != nil && de.Name != "." && de.Name != ".." {
+			f.entry(eo, *de.Attr) // the kernel counts it as a lookup
 		}
 	}
 	return fuse.OK

@@ -18,7 +18,8 @@
 // # What it does that bazil cannot
 //
 // Requests of up to 1 MiB instead of 128 KiB, a reader goroutine that
-// answers its request itself instead of handing it to a new goroutine, and
+// answers its request itself instead of handing it to a new goroutine,
+// READDIRPLUS (a listing hands the kernel every entry's attributes), and
 // negative entries: a name looked up and not found is cached by the kernel
 // for the attribute timeout while the cluster's change stream is open (a
 // create elsewhere invalidates it like any other entry), so a program that
@@ -113,7 +114,9 @@ func (f *FS) mountOptions() *fuse.MountOptions {
 		MaxReadAhead:        f.cfg.MaxReadahead,
 		MaxBackground:       f.cfg.MaxBackground,
 		CongestionThreshold: f.cfg.Congestion,
-		DisableReadDirPlus:  true, // a listing would cost a query per name
+		// READDIRPLUS when the kernel sees the listing's names looked up
+		// (ls -l, find), plain READDIR otherwise, as libfuse does.
+		ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
 		// Replies come from memory: go-fuse would first try a pipe
 		// (splice), which only pays off for data read from a descriptor,
 		// and fall back after two wasted system calls per read.

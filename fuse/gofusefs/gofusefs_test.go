@@ -2,6 +2,7 @@ package gofusefs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,15 +22,33 @@ import (
 type emptyRoot struct {
 	fsops.Ops
 	lookups  atomic.Int64
-	onLookup func() // called inside every lookup, before it answers
+	onLookup func()           // called inside every lookup, before it answers
+	list     []fsops.DirEntry // the root's entries (ReadDirPlus, Lookup)
 }
 
-func (r *emptyRoot) Lookup(context.Context, uint64, string) (fsops.Attr, syscall.Errno) {
+func (r *emptyRoot) Lookup(_ context.Context, _ uint64, name string) (fsops.Attr, syscall.Errno) {
 	r.lookups.Add(1)
 	if r.onLookup != nil {
 		r.onLookup()
 	}
+	for _, e := range r.list {
+		if e.Name == name {
+			return fileAttr(e.Ino), 0
+		}
+	}
 	return fsops.Attr{}, syscall.ENOENT
+}
+
+// ReadDirPlus lists r.list, whose entries carry attributes or not.
+func (r *emptyRoot) ReadDirPlus(context.Context, uint64) ([]fsops.DirEntry, syscall.Errno) {
+	return append([]fsops.DirEntry{
+		{Name: ".", Ino: 1, Mode: syscall.S_IFDIR}, {Name: "..", Ino: 1, Mode: syscall.S_IFDIR},
+	}, r.list...), 0
+}
+
+func fileAttr(ino uint64) fsops.Attr {
+	now := time.Now()
+	return fsops.Attr{Ino: ino, Mode: syscall.S_IFREG | 0o644, Nlink: 1, Size: ino * 100, Atime: now, Mtime: now, Ctime: now}
 }
 
 func (r *emptyRoot) GetAttr(_ context.Context, ino uint64) (fsops.Attr, syscall.Errno) {
@@ -97,4 +116,28 @@ func TestNegativeEntries(t *testing.T) {
 			require.Equal(t, tc.want+1, r.lookups.Load())
 		})
 	}
+}
+
+// TestReadDirPlusSavesLookups lists a directory whose listing carries the
+// attributes of some entries: stat of those needs no lookup, stat of the
+// others does, and the sizes are the listing's.
+func TestReadDirPlusSavesLookups(t *testing.T) {
+	with := func(ino uint64) fsops.DirEntry {
+		a := fileAttr(ino)
+		return fsops.DirEntry{Name: fmt.Sprintf("f%d", ino), Ino: ino, Mode: syscall.S_IFREG, Attr: &a}
+	}
+	r := &emptyRoot{list: []fsops.DirEntry{with(2), with(3), {Name: "f4", Ino: 4, Mode: syscall.S_IFREG}}}
+	_, dir := mountEmpty(t, r, true)
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, ents, 3)
+	for _, e := range ents {
+		info, err := e.Info()
+		require.NoError(t, err)
+		var ino uint64
+		_, err = fmt.Sscanf(e.Name(), "f%d", &ino)
+		require.NoError(t, err)
+		require.Equal(t, int64(ino*100), info.Size(), e.Name())
+	}
+	require.Equal(t, int64(1), r.lookups.Load(), "only the entry listed without attributes is looked up")
 }
