@@ -5,6 +5,8 @@ import (
 	"slices"
 	"syscall"
 
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -162,6 +164,9 @@ func copyResult(r *pb.Result) *pb.Result {
 			Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Size: a.Size,
 			AtimeNs: a.AtimeNs, MtimeNs: a.MtimeNs, CtimeNs: a.CtimeNs,
 			Generation: a.Generation, Blocks: a.Blocks,
+		}
+		if a.Xattrs != nil {
+			c.Attr.Xattrs = proto.Uint32(*a.Xattrs)
 		}
 	}
 	return c

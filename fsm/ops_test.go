@@ -18,7 +18,7 @@ import (
 func TestRootAndAttrs(t *testing.T) {
 	h := ft.New(t, fsm.Config{})
 	root := h.MustQ(ft.Stat("/")).Attr
-	require.Equal(t, &pb.Attr{Ino: 1, Mode: syscall.S_IFDIR | 0o755, Nlink: 2}, root)
+	require.Equal(t, &pb.Attr{Ino: 1, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Xattrs: proto.Uint32(0)}, root)
 	h.Must(&pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/d"), Mode: 0o1777 | syscall.S_IFREG, Uid: 5, Gid: 6}}})
 	d := h.MustQ(ft.Stat("/d")).Attr
 	require.Equal(t, uint32(syscall.S_IFDIR|0o1777), d.Mode, "type bits come from the operation")
@@ -142,6 +142,7 @@ func TestXattrs(t *testing.T) {
 	h.Must(ft.SetXattr("/d", "user.b", []byte("22"), 2))
 	h.Must(ft.SetXattr("/d", "user.e", nil, 0))
 	require.Equal(t, []string{"user.a", "user.b", "user.e"}, h.MustQ(ft.ListXattr("/d")).Names)
+	require.Equal(t, uint32(3), h.MustQ(ft.Stat("/d")).Attr.GetXattrs(), "attributes count the xattrs")
 	require.Equal(t, []byte("22"), h.MustQ(ft.GetXattr("/d", "user.b")).Data)
 	require.Empty(t, h.MustQ(ft.GetXattr("/d", "user.e")).Data)
 	h.Must(ft.RemoveXattr("/d", "user.a"))

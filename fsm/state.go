@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memoryfs/memfs/fsm/block"
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -94,6 +96,7 @@ func (n *inode) attr() *pb.Attr {
 		Ino: n.ino, Mode: n.mode, Nlink: n.nlink, Uid: n.uid, Gid: n.gid,
 		Size: n.size, AtimeNs: n.atime, MtimeNs: n.mtime, CtimeNs: n.ctime,
 		Generation: n.gen, Blocks: (n.stored + 511) / 512,
+		Xattrs: proto.Uint32(uint32(len(n.xattrs()))),
 	}
 }
 

@@ -157,7 +157,11 @@ type Attr struct {
 	CtimeNs    int64                  `protobuf:"varint,9,opt,name=ctime_ns,json=ctimeNs,proto3" json:"ctime_ns,omitempty"`
 	Generation uint64                 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
 	// blocks is the number of 512-byte units the file's stored chunks cover.
-	Blocks        uint64 `protobuf:"varint,11,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Blocks uint64 `protobuf:"varint,11,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// xattrs is how many extended attributes the inode has (absent from a
+	// node that predates the field), so that a mount told "none" can answer
+	// getxattr and listxattr without asking.
+	Xattrs        *uint32 `protobuf:"varint,12,opt,name=xattrs,proto3,oneof" json:"xattrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -265,6 +269,13 @@ func (x *Attr) GetGeneration() uint64 {
 func (x *Attr) GetBlocks() uint64 {
 	if x != nil {
 		return x.Blocks
+	}
+	return 0
+}
+
+func (x *Attr) GetXattrs() uint32 {
+	if x != nil && x.Xattrs != nil {
+		return *x.Xattrs
 	}
 	return 0
 }
@@ -4223,7 +4234,7 @@ var File_memfs_proto protoreflect.FileDescriptor
 
 const file_memfs_proto_rawDesc = "" +
 	"\n" +
-	"\vmemfs.proto\x12\bmemfs.v1\"\x83\x02\n" +
+	"\vmemfs.proto\x12\bmemfs.v1\"\xab\x02\n" +
 	"\x04Attr\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
@@ -4238,7 +4249,9 @@ const file_memfs_proto_rawDesc = "" +
 	"generation\x18\n" +
 	" \x01(\x04R\n" +
 	"generation\x12\x16\n" +
-	"\x06blocks\x18\v \x01(\x04R\x06blocks\"s\n" +
+	"\x06blocks\x18\v \x01(\x04R\x06blocks\x12\x1b\n" +
+	"\x06xattrs\x18\f \x01(\rH\x00R\x06xattrs\x88\x01\x01B\t\n" +
+	"\a_xattrs\"s\n" +
 	"\x03Loc\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -4730,6 +4743,7 @@ func file_memfs_proto_init() {
 	if File_memfs_proto != nil {
 		return
 	}
+	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
 	file_memfs_proto_msgTypes[20].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),

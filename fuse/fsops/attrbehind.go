@@ -243,6 +243,7 @@ func (o *ClientOps) clusterAttr(ctx context.Context, ino uint64) (Attr, syscall.
 	if err != nil {
 		return Attr{}, errnoOf("getattr", err)
 	}
+	o.seen(pa)
 	return attrOf(pa), 0
 }
 

@@ -46,9 +46,10 @@ type ClientOps struct {
 	// the file's cached pages.
 	watching atomic.Bool
 
-	capMiss capMissCache
-	cache   *dataCache
-	reads   atomic.Int64 // read RPCs sent to the cluster (tests)
+	capMiss  *inoSet
+	noXattrs *inoSet
+	cache    *dataCache
+	reads    atomic.Int64 // read RPCs sent to the cluster (tests)
 
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
@@ -65,7 +66,8 @@ func New(c *client.Client, opt Options) *ClientOps {
 	}
 	return &ClientOps{
 		c: c, opt: opt,
-		capMiss:  capMissCache{m: map[uint64]time.Time{}},
+		capMiss:  newInoSet(capMissTTL),
+		noXattrs: newInoSet(noXattrTTL),
 		cache:    newDataCache(opt.DataCache),
 		files:    map[uint64]map[uint64]*openFile{},
 		byHandle: map[uint64]*openFile{},
@@ -112,6 +114,7 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 	if err != nil {
 		return Attr{}, errnoOf("lookup", err)
 	}
+	o.seen(pa)
 	if o.dirty(pa.GetIno()) {
 		// The size may predate writes already acknowledged.
 		return o.GetAttr(ctx, pa.GetIno())
@@ -267,7 +270,7 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	if f&syscall.O_EXCL != 0 {
 		// A file this call made has no xattrs: the kernel's
 		// security.capability check before the first write (see
-		// capMissCache) needs no round trip.
+		// inoSet) needs no round trip.
 		o.capMiss.add(a.Ino)
 	}
 	if f&syscall.O_TRUNC != 0 {
@@ -459,6 +462,7 @@ func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEn
 		DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
 	for _, d := range des {
 		de := DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
+		o.seen(d.GetAttr())
 		if pa := d.GetAttr(); pa != nil && !dirtyBefore[de.Ino] && !o.dirty(de.Ino) {
 			a := attrOf(pa)
 			de.Attr = &a
@@ -632,7 +636,7 @@ func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []
 	if isACL(name) {
 		return nil, syscall.EOPNOTSUPP
 	}
-	if name == capXattr && o.capMiss.has(ino) {
+	if o.noXattrs.has(ino) || name == capXattr && o.capMiss.has(ino) {
 		return nil, syscall.ENODATA
 	}
 	res, e := o.query(ctx, "getxattr", &pb.Query{Q: &pb.Query_GetXattr{GetXattr: &pb.GetXattrQuery{Loc: inode(ino), Name: name}}})
@@ -651,6 +655,9 @@ func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []
 // ListXattr implements Ops.
 func (o *ClientOps) ListXattr(ctx context.Context, ino uint64) (names []string, e syscall.Errno) {
 	defer guard("listxattr", &e)
+	if o.noXattrs.has(ino) {
+		return nil, 0
+	}
 	res, e := o.query(ctx, "listxattr", &pb.Query{Q: &pb.Query_ListXattr{ListXattr: &pb.ListXattrQuery{Loc: inode(ino)}}})
 	if e != 0 {
 		return nil, e
@@ -664,7 +671,7 @@ func (o *ClientOps) SetXattr(ctx context.Context, ino uint64, name string, value
 	if isACL(name) {
 		return syscall.EOPNOTSUPP
 	}
-	defer o.capMiss.drop(ino)
+	defer o.forgetXattrs(ino)
 	_, e = o.do(ctx, "setxattr", &pb.Command{Op: &pb.Command_SetXattr{SetXattr: &pb.SetXattrCmd{
 		Loc: inode(ino), Name: name, Value: value, Flags: flags & (XattrCreate | XattrReplace),
 	}}})
@@ -677,7 +684,7 @@ func (o *ClientOps) RemoveXattr(ctx context.Context, ino uint64, name string) (e
 	if isACL(name) {
 		return syscall.EOPNOTSUPP
 	}
-	defer o.capMiss.drop(ino)
+	defer o.forgetXattrs(ino)
 	_, e = o.do(ctx, "removexattr", &pb.Command{Op: &pb.Command_RemoveXattr{RemoveXattr: &pb.RemoveXattrCmd{Loc: inode(ino), Name: name}}})
 	return e
 }

@@ -541,3 +541,51 @@ func TestAttrBehindOwnChanges(t *testing.T) {
 	require.Equal(t, uint32(0), nlink())
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
+
+// TestNoXattrsKnown checks that an inode the cluster reported without any
+// xattr is answered for without a query: getxattr is ENODATA and
+// listxattr empty even after another client set one (the staleness the
+// change stream bounds), until a change event names the inode or a
+// setxattr through this mount drops what was known. An inode with xattrs
+// is always asked about.
+func TestNoXattrsKnown(t *testing.T) {
+	ops, c := newOps(t, Options{})
+	ops.noXattrs.ttl = time.Hour // what is known ends by events and setxattr only
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, c.WriteFile("/plain", []byte("x"), 0o644))
+	require.NoError(t, c.WriteFile("/with", []byte("x"), 0o644))
+	require.NoError(t, c.Setxattr("/with", "user.a", []byte("1"), 0))
+	plain, e := ops.Lookup(ctx, RootIno, "plain")
+	require.Zero(t, e)
+	with, e := ops.Lookup(ctx, RootIno, "with")
+	require.Zero(t, e)
+
+	require.NoError(t, c.Setxattr("/plain", "user.b", []byte("2"), 0))
+	_, e = ops.GetXattr(ctx, plain.Ino, "user.b")
+	require.Equal(t, syscall.ENODATA, e, "known to have none: not asked")
+	names, e := ops.ListXattr(ctx, plain.Ino)
+	require.Zero(t, e)
+	require.Empty(t, names)
+	v, e := ops.GetXattr(ctx, with.Ino, "user.a")
+	require.Zero(t, e)
+	require.Equal(t, []byte("1"), v)
+
+	// A setxattr through the mount forgets what was known.
+	require.Zero(t, ops.SetXattr(ctx, plain.Ino, "user.c", []byte("3"), 0))
+	v, e = ops.GetXattr(ctx, plain.Ino, "user.b")
+	require.Zero(t, e)
+	require.Equal(t, []byte("2"), v)
+
+	// So does a change event naming the inode.
+	go ops.Watch(ctx, &recorder{data: map[uint64]int{}, entries: map[string]int{}})
+	require.Eventually(t, ops.watching.Load, 10*time.Second, time.Millisecond)
+	require.NoError(t, c.WriteFile("/later", []byte("x"), 0o644))
+	later, e := ops.Lookup(ctx, RootIno, "later")
+	require.Zero(t, e)
+	require.NoError(t, c.Setxattr("/later", "user.d", []byte("4"), 0))
+	require.Eventually(t, func() bool {
+		v, e := ops.GetXattr(ctx, later.Ino, "user.d")
+		return e == 0 && string(v) == "4"
+	}, 10*time.Second, time.Millisecond, "another client's setxattr seen once its event arrives")
+}

@@ -81,9 +81,11 @@ func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv I
 		// reads again after the invalidation is fresh.
 		if b.reset {
 			o.dropAllWindows()
+			o.noXattrs.clear()
 		}
 		for _, ino := range b.order {
 			o.dropWindows(ino)
+			o.noXattrs.drop(ino)
 		}
 		b.apply(inv)
 		if !ok || ctx.Err() != nil {

@@ -3,6 +3,8 @@ package fsops
 import (
 	"sync"
 	"time"
+
+	pb "github.com/memoryfs/memfs/proto"
 )
 
 // capXattr is the xattr the kernel reads before every write(2) to a file
@@ -16,25 +18,40 @@ const capXattr = "security.capability"
 // commit of a file being written would otherwise cost a query again.
 const capMissTTL = time.Second
 
-// capMissCache remembers the inodes found without security.capability, so
-// that a stream of small writes does not cost a query to the cluster each.
-type capMissCache struct {
-	mu sync.Mutex
-	m  map[uint64]time.Time // guarded by mu: ino → when it was found missing
+// noXattrTTL bounds how long an inode the cluster reported without any
+// xattr (pb.Attr.xattrs) is answered for without asking: the attribute
+// timeout the kernel applies to the rest of its attributes. A change event
+// naming the inode ends it sooner, and a setxattr through this mount at
+// once.
+const noXattrTTL = time.Second
+
+// inoSet remembers inodes for a while: capMiss holds those found without
+// security.capability, so that a stream of small writes does not cost a
+// query to the cluster each; noXattrs those reported to have no xattr at
+// all, so that `ls -l` (which reads security.selinux and the ACLs of every
+// name) or `cp -a` costs no query per file.
+type inoSet struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[uint64]time.Time // guarded by mu: ino → when it was found missing
 }
 
-func (c *capMissCache) has(ino uint64) bool {
+func newInoSet(ttl time.Duration) *inoSet {
+	return &inoSet{ttl: ttl, m: map[uint64]time.Time{}}
+}
+
+func (c *inoSet) has(ino uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.m[ino]
-	if ok && time.Since(t) > capMissTTL {
+	if ok && time.Since(t) > c.ttl {
 		delete(c.m, ino)
 		return false
 	}
 	return ok
 }
 
-func (c *capMissCache) add(ino uint64) {
+func (c *inoSet) add(ino uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.m) > 1<<16 {
@@ -43,8 +60,29 @@ func (c *capMissCache) add(ino uint64) {
 	c.m[ino] = time.Now()
 }
 
-func (c *capMissCache) drop(ino uint64) {
+func (c *inoSet) drop(ino uint64) {
 	c.mu.Lock()
 	delete(c.m, ino)
+	c.mu.Unlock()
+}
+
+// seen records what attributes the cluster returned say about xattrs. A
+// node that predates the count says nothing.
+func (o *ClientOps) seen(a *pb.Attr) {
+	if a != nil && a.Xattrs != nil && *a.Xattrs == 0 {
+		o.noXattrs.add(a.GetIno())
+	}
+}
+
+// forgetXattrs drops what this mount remembers of ino's xattrs: they are
+// being changed through it, or a change event named the inode.
+func (o *ClientOps) forgetXattrs(ino uint64) {
+	o.capMiss.drop(ino)
+	o.noXattrs.drop(ino)
+}
+
+func (c *inoSet) clear() {
+	c.mu.Lock()
+	clear(c.m)
 	c.mu.Unlock()
 }
