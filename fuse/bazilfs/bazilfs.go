@@ -58,7 +58,7 @@ type FS struct {
 	cfg   Config
 	srv   atomic.Pointer[fs.Server]
 	stash attrStash
-	known knownSet
+	known fsops.KernelNodes
 }
 
 var (
@@ -98,7 +98,7 @@ func New(ops fsops.Ops, cfg Config) *FS {
 	if cfg.EntryTimeout <= 0 {
 		cfg.EntryTimeout = cfg.AttrTimeout
 	}
-	return &FS{ops: ops, cfg: cfg, stash: attrStash{m: map[uint64]fsops.Attr{}}, known: knownSet{m: map[uint64]struct{}{}}}
+	return &FS{ops: ops, cfg: cfg, stash: attrStash{m: map[uint64]fsops.Attr{}}}
 }
 
 // Serve answers the kernel's requests on conn until the file system is
@@ -152,11 +152,7 @@ func (f *FS) InvalidateEntry(parent uint64, name string) {
 
 // InvalidateAll implements fsops.Resetter: it drops the cached attributes
 // and pages of every inode the kernel was given and not yet forgotten.
-func (f *FS) InvalidateAll() {
-	for _, ino := range f.known.list() {
-		f.InvalidateData(ino)
-	}
-}
+func (f *FS) InvalidateAll() { f.known.InvalidateAll(f) }
 
 // ignoreNotCached drops the expected answers of a best-effort
 // invalidation: the kernel does not hold the node, or the connection is
@@ -166,36 +162,6 @@ func ignoreNotCached(err error) {
 		return
 	}
 	_ = err // ENOENT/ENOTCONN while unmounting: nothing left to invalidate.
-}
-
-// knownSet is the inodes the kernel holds nodes for: added when a node is
-// handed out, removed when bazil reports the kernel forgot it. It is only
-// used to invalidate everything after a gap in the change stream.
-type knownSet struct {
-	mu sync.Mutex
-	m  map[uint64]struct{} // guarded by mu
-}
-
-func (k *knownSet) add(ino uint64) {
-	k.mu.Lock()
-	k.m[ino] = struct{}{}
-	k.mu.Unlock()
-}
-
-func (k *knownSet) remove(ino uint64) {
-	k.mu.Lock()
-	delete(k.m, ino)
-	k.mu.Unlock()
-}
-
-func (k *knownSet) list() []uint64 {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	out := make([]uint64, 0, len(k.m))
-	for ino := range k.m {
-		out = append(out, ino)
-	}
-	return out
 }
 
 // attrStash hands the attributes a lookup, create or setattr already

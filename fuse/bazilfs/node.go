@@ -76,12 +76,12 @@ func (n node) Lookup(ctx context.Context, req *fuse.LookupRequest, resp *fuse.Lo
 // newNode stashes a's attributes for bazil's following Attr call.
 func (f *FS) newNode(a fsops.Attr) node {
 	f.stash.put(a)
-	f.known.add(a.Ino)
+	f.known.Add(a.Ino)
 	return node{f, a.Ino}
 }
 
 // Forget implements fs.NodeForgetter: the kernel dropped the node.
-func (n node) Forget() { n.fs.known.remove(n.ino) }
+func (n node) Forget() { n.fs.known.Forget(n.ino, fsops.ForgetAll) }
 
 // Access implements fs.NodeAccesser. With default_permissions the kernel
 // checks modes itself and rarely asks.

@@ -29,7 +29,6 @@ package gofusefs
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -68,7 +67,7 @@ type FS struct {
 	ops                fsops.Ops
 	cfg                Config
 	srv                *fuse.Server
-	lookups            lookupCounts
+	lookups            fsops.KernelNodes
 	dirs               dirTable
 	// gen counts rounds of change events; a lookup that saw a round pass
 	// is not cached negatively (see Lookup).
@@ -93,8 +92,7 @@ func Mount(dir string, ops fsops.Ops, cfg Config) (*FS, error) {
 	f := &FS{
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		ops:           ops, cfg: cfg,
-		lookups: lookupCounts{m: map[uint64]uint64{}},
-		dirs:    dirTable{m: map[uint64]*dirHandle{}},
+		dirs: dirTable{m: map[uint64]*dirHandle{}},
 	}
 	srv, err := fuse.NewServer(f, dir, f.mountOptions())
 	if err != nil {
@@ -173,47 +171,11 @@ func (f *FS) InvalidateEntry(parent uint64, name string) {
 // run out with the attribute timeout.
 func (f *FS) InvalidateAll() {
 	f.gen.Add(1)
-	for _, ino := range f.lookups.list() {
-		f.InvalidateData(ino)
-	}
-}
-
-// lookupCounts is the kernel's lookup count per inode: raised by every
-// reply that hands out an entry, lowered by FORGET. It is only used to
-// invalidate everything after a gap in the change stream.
-type lookupCounts struct {
-	mu sync.Mutex
-	m  map[uint64]uint64 // guarded by mu
-}
-
-func (l *lookupCounts) add(ino uint64) {
-	l.mu.Lock()
-	l.m[ino]++
-	l.mu.Unlock()
-}
-
-func (l *lookupCounts) forget(ino, n uint64) {
-	l.mu.Lock()
-	if l.m[ino] <= n {
-		delete(l.m, ino)
-	} else {
-		l.m[ino] -= n
-	}
-	l.mu.Unlock()
-}
-
-func (l *lookupCounts) list() []uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]uint64, 0, len(l.m))
-	for ino := range l.m {
-		out = append(out, ino)
-	}
-	return out
+	f.lookups.InvalidateAll(f)
 }
 
 // Forget implements fuse.RawFileSystem.
-func (f *FS) Forget(nodeid, nlookup uint64) { f.lookups.forget(nodeid, nlookup) }
+func (f *FS) Forget(nodeid, nlookup uint64) { f.lookups.Forget(nodeid, nlookup) }
 
 // fillAttr converts fsops attributes into go-fuse's.
 func fillAttr(out *fuse.Attr, a fsops.Attr) {
@@ -235,7 +197,7 @@ func (f *FS) entry(out *fuse.EntryOut, a fsops.Attr) {
 	out.SetEntryTimeout(f.cfg.AttrTimeout)
 	out.SetAttrTimeout(f.cfg.AttrTimeout)
 	fillAttr(&out.Attr, a)
-	f.lookups.add(a.Ino)
+	f.lookups.Add(a.Ino)
 }
 
 // entryResult answers an operation that made a node.
