@@ -39,10 +39,12 @@ func (k *KernelNodes) Forget(ino, n uint64) {
 const ForgetAll = ^uint64(0)
 
 // InvalidateAll drops the cached attributes and pages of every inode in
-// the set from the kernel.
+// the set, and of the root (which the kernel holds without a lookup),
+// from the kernel.
 func (k *KernelNodes) InvalidateAll(inv Invalidator) {
 	k.mu.Lock()
-	inos := make([]uint64, 0, len(k.m))
+	inos := make([]uint64, 0, len(k.m)+1)
+	inos = append(inos, RootIno)
 	for ino := range k.m {
 		inos = append(inos, ino)
 	}

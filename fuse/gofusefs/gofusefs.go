@@ -80,8 +80,8 @@ var (
 	_ fsops.Resetter     = (*FS)(nil)
 )
 
-// Mount mounts ops on dir and returns once the kernel has sent its first
-// request. Serve must be called to answer the kernel.
+// Mount mounts ops on dir. Serve must then run to answer the kernel, and
+// WaitMount returns once the kernel has initialised the mount.
 func Mount(dir string, ops fsops.Ops, cfg Config) (*FS, error) {
 	if cfg.AttrTimeout <= 0 {
 		cfg.AttrTimeout = time.Second

@@ -10,8 +10,10 @@ import (
 
 // Lookup implements fuse.RawFileSystem. A missing name is cached by the
 // kernel (a negative entry) only while the change stream is open and no
-// round of change events passed during the lookup, so an event that
-// arrived before the answer cannot be overtaken by it.
+// round of change events passed during the lookup, so that the answer does
+// not undo an invalidation sent while it was being looked up. An event in
+// the instant between that check and the kernel taking the answer is
+// bounded by the timeout, as for every cached entry.
 func (f *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	gen := f.gen.Load()
 	watching := f.cfg.Watching()
