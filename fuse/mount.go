@@ -127,6 +127,9 @@ type MountPoint struct {
 // unmounted. It returns once the mount is ready for use. The caller keeps
 // ownership of c and must close it only after the mount is gone.
 func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*MountPoint, error) {
+	if err := CheckBinding(opt.Binding); err != nil {
+		return nil, fmt.Errorf("mount %s: FUSE binding %w", dir, err)
+	}
 	if err := Available(); err != nil {
 		return nil, err
 	}
@@ -176,17 +179,19 @@ func cmp(v, def int) int {
 	return v
 }
 
-// mountBinding mounts dir with the binding opt names.
+// CheckBinding returns an error unless name is a binding Mount can serve
+// with ("" is the default, bazil).
+func CheckBinding(name string) error {
+	switch name {
+	case "", BindingBazil, BindingGoFuse:
+		return nil
+	}
+	return fmt.Errorf("%q: want %s or %s", name, BindingBazil, BindingGoFuse)
+}
+
+// mountBinding mounts dir with the binding opt names (checked by Mount).
 func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error) {
-	switch opt.Binding {
-	case "", BindingBazil:
-		bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
-		conn, err := bfuse.Mount(dir, mountOptions(opt)...)
-		if err != nil {
-			return nil, fmt.Errorf("mount %s: %w", dir, err)
-		}
-		return &bazilServer{bfs, conn}, nil
-	case BindingGoFuse:
+	if opt.Binding == BindingGoFuse {
 		gfs, err := gofusefs.Mount(dir, ops, gofusefs.Config{
 			AttrTimeout: opt.AttrTimeout, Watching: ops.Watching,
 			FSName: fsName(opt), AllowOther: opt.AllowOther, WritebackCache: opt.WritebackCache,
@@ -198,7 +203,12 @@ func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error
 		}
 		return &gofuseServer{gfs}, nil
 	}
-	return nil, fmt.Errorf("mount %s: unknown FUSE binding %q (want %s or %s)", dir, opt.Binding, BindingBazil, BindingGoFuse)
+	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
+	conn, err := bfuse.Mount(dir, mountOptions(opt)...)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	return &bazilServer{bfs, conn}, nil
 }
 
 type bazilServer struct {

@@ -110,8 +110,8 @@ func dataCacheOption(n int64) int64 {
 }
 
 func runMount(cmd *cobra.Command, args []string) error {
-	if b := mountFlags.binding; b != fuse.BindingBazil && b != fuse.BindingGoFuse {
-		return usageError{fmt.Errorf("--binding %q: want %s or %s", b, fuse.BindingBazil, fuse.BindingGoFuse)}
+	if err := fuse.CheckBinding(mountFlags.binding); err != nil {
+		return usageError{fmt.Errorf("--binding %w", err)}
 	}
 	if mountFlags.daemon && os.Getenv(mountChildEnv) == "" {
 		return startMountDaemon(cmd, args[0])

@@ -3,6 +3,7 @@ package fsops
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -434,17 +435,21 @@ func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEn
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	list := o.c.ReadDirIno
-	var dirtyBefore map[uint64]bool
+	var dirty map[uint64]bool
 	if plus {
 		list = o.c.ReadDirPlusIno
-		// A write acknowledged before the query may be committed only
-		// after the query read the size; the kernel itself discards
-		// attributes older than writes made after it sent the request.
-		dirtyBefore = o.dirtyInodes()
+		// Dirty before the query or after it: a write acknowledged
+		// before may be committed only after the query read the size;
+		// the kernel itself discards attributes older than writes made
+		// after it sent the request.
+		dirty = o.dirtyInodes()
 	}
 	des, err := list(ctx, ino)
 	if err != nil {
 		return nil, errnoOf("readdir", err)
+	}
+	if plus {
+		maps.Copy(dirty, o.dirtyInodes())
 	}
 	// readdir(3) lists "." and ".." first, as tmpfs does; the cluster's
 	// listing leaves them out. The parent's inode costs one lookup; if
@@ -462,8 +467,9 @@ func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEn
 		DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
 	for _, d := range des {
 		de := DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()}
-		o.seen(d.GetAttr())
-		if pa := d.GetAttr(); pa != nil && !dirtyBefore[de.Ino] && !o.dirty(de.Ino) {
+		pa := d.GetAttr()
+		o.seen(pa)
+		if pa != nil && !dirty[de.Ino] {
 			a := attrOf(pa)
 			de.Attr = &a
 		}

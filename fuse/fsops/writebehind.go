@@ -10,10 +10,10 @@ import (
 // Write-behind. The kernel hands a sequential writer's data over in
 // requests of at most 128 KiB (bazil) or 1 MiB (go-fuse) and waits for each
 // before sending the next, so committing each through Raft on its own caps
-// a stream at one commit per request. Instead, a handle collects contiguous writes into a buffer
-// of up to writeBuf bytes, acknowledges them at once, and commits full
-// buffers in the background, up to writeDepth at a time: one Raft entry
-// per MiB and several in flight.
+// a stream at one commit per request. Instead, a handle collects
+// contiguous writes into a buffer of up to writeBuf bytes, acknowledges
+// them at once, and commits full buffers in the background, up to
+// writeDepth at a time: one Raft entry per MiB and several in flight.
 //
 // What keeps this correct:
 //   - Appending writes are never collected. Before a buffer is committed,
@@ -115,12 +115,15 @@ func (o *ClientOps) dirty(ino uint64) bool {
 	return o.hasHeld(ino)
 }
 
-// dirtyInodes returns the inodes dirty reports true for, of those this
-// mount has open (only an open file collects writes or holds changes).
+// dirtyInodes returns every inode dirty reports true for: only those with
+// open handles or held attribute state can be.
 func (o *ClientOps) dirtyInodes() map[uint64]bool {
 	o.filesMu.Lock()
-	inos := make([]uint64, 0, len(o.files))
+	inos := make([]uint64, 0, len(o.files)+len(o.attrs))
 	for ino := range o.files {
+		inos = append(inos, ino)
+	}
+	for ino := range o.attrs {
 		inos = append(inos, ino)
 	}
 	o.filesMu.Unlock()
