@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/memoryfs/memfs/internal/hugepages"
 )
 
 // The raw ceiling of the replication stack: three hashicorp/raft nodes in
@@ -97,7 +99,19 @@ func ceilingCluster(b *testing.B, store string) *raft.Raft {
 	return nil
 }
 
+// ceilingHeap reserves huge-page backed heap for the ceiling as the node
+// does for itself (memfs server --huge-pages), so that both pay the same
+// for page faults.
+var ceilingHeap sync.Once
+
 func BenchmarkRaftCeiling(b *testing.B) {
+	ceilingHeap.Do(func() {
+		if sys, err := hugepages.ReadSystem(); err == nil {
+			if size, _ := hugepages.Plan(sys, 4<<30, 16<<30); size > 0 {
+				_, _ = hugepages.Reserve(size)
+			}
+		}
+	})
 	loads := []struct {
 		name        string
 		size, procs int

@@ -21,12 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/memoryfs/memfs/internal/hugepages"
 	"github.com/memoryfs/memfs/server"
 )
 
 var serverFlags struct {
 	id, data, raftAddr, apiAddr, raftAdvertise, apiAdvertise, unix string
-	bootstrap, ephemeral, nonvoter, wireDedup                      bool
+	bootstrap, ephemeral, nonvoter, wireDedup, hugePages           bool
 	join                                                           []string
 	logStore, memoryLimit, chunkSize, metricsAddr                  string
 	logLevel, logFormat, raftLogLevel                              string
@@ -62,6 +63,7 @@ func init() {
 	f.BoolVar(&sf.nonvoter, "nonvoter", false, "join as a non-voting member")
 	f.BoolVar(&sf.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
 	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
+	f.BoolVar(&sf.hugePages, "huge-pages", true, "let the heap grow into transparent huge pages where the system setting is \"madvise\" (address space, not memory, is reserved)")
 	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
@@ -99,6 +101,10 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	limit, err := memoryLimit(sf.memoryLimit)
 	if err != nil {
 		return usageError{fmt.Errorf("--memory-limit: %w", err)}
+	}
+	if sf.hugePages {
+		// GOGC=100 lets the heap reach twice the data it holds.
+		reserveHugePages(logger, 2*limit)
 	}
 	var chunk uint64
 	if sf.chunkSize != "" {
@@ -191,6 +197,31 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 		_ = srv.Close()
 	}()
 	return nil
+}
+
+// reserveHugePages lets a heap expected to reach want bytes grow into
+// huge pages, and logs what it did or why not.
+func reserveHugePages(log *slog.Logger, want uint64) {
+	sys, err := hugepages.ReadSystem()
+	if err != nil {
+		log.Info("no huge pages", "err", err)
+		return
+	}
+	ram, err := memTotal()
+	if err != nil {
+		log.Info("no huge pages", "err", err)
+		return
+	}
+	size, why := hugepages.Plan(sys, want, ram)
+	if size == 0 {
+		log.Info("no huge pages reserved", "thp", sys.Mode, "reason", why)
+		return
+	}
+	advised, err := hugepages.Reserve(size)
+	if err != nil {
+		log.Warn("huge page advice failed", "err", err)
+	}
+	log.Info("huge pages reserved", "thp", sys.Mode, "bytes", size, "advised", advised)
 }
 
 // memoryLimit parses --memory-limit; empty means a quarter of RAM.
