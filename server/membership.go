@@ -88,6 +88,12 @@ func (n *Node) tickLoop() {
 // selfAddressLoop makes sure the replicated member map holds this node's
 // current API address (it changes when a node restarts on another port).
 // A leader records itself in becomeReady; a follower asks the leader.
+//
+// Only a recorded address that differs is corrected. A member without one
+// is being removed: joining records the address before the node enters
+// the configuration, and removal deletes it before the node leaves. Asking
+// then would re-add a removed node as a voter, since it may never hear of
+// the configuration change that removed it.
 func (n *Node) selfAddressLoop() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -97,7 +103,7 @@ func (n *Node) selfAddressLoop() {
 		case <-n.ctx.Done():
 			return
 		}
-		if n.IsLeader() || n.rfsm.member(n.cfg.ID) == n.apiAddr {
+		if recorded := n.rfsm.member(n.cfg.ID); n.IsLeader() || recorded == "" || recorded == n.apiAddr {
 			continue
 		}
 		voter, ok := n.suffrage(n.cfg.ID)

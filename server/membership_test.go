@@ -35,3 +35,31 @@ func TestRemoveLeaderHandsOverFirst(t *testing.T) {
 	c.Kill(c.Index(leader))
 	openSession(t, c.Client(rest.APIAddr())).mkdir("/still-writable")
 }
+
+// A node being removed never brings itself back. Removal deletes the
+// node's API address, then takes it out of the Raft configuration; the
+// removed node may never hear of the second step (the leader stops
+// replicating to it). A node still in its configuration without an address
+// used to read that as "my address is not recorded yet" and ask the leader
+// to add it, which re-added it as a voter once the removal had committed
+// (seen once in CI, TestNodeReplaceUnderWriteLoad). Here the first step
+// alone is applied, so the node stays in the configuration and knows the
+// leader: the window that is otherwise a matter of timing stays open.
+func TestNodeBeingRemovedDoesNotReAddItself(t *testing.T) {
+	c := StartCluster(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	gone := follower(c, leader, 0)
+	ctx := ctxTimeout(t, 20*time.Second)
+	require.NoError(t, waitFuture(ctx, leader.raft.Apply(encodeMeta(metaOp{Op: "del", ID: gone.ID()}), 0)))
+	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
+	require.NotEmpty(t, gone.rfsm.memberMap(), "the node has the member map")
+	require.NotContains(t, gone.Members(), gone.ID())
+
+	time.Sleep(2500 * time.Millisecond) // the node checks its address once a second
+	require.NotContains(t, leader.Members(), gone.ID(), "the node asked to be recorded again")
+
+	require.NoError(t, waitFuture(ctx, leader.raft.RemoveServer(raft.ServerID(gone.ID()), 0, 0)))
+	time.Sleep(1500 * time.Millisecond)
+	_, in := leader.suffrage(gone.ID())
+	require.False(t, in, "%s is in the configuration again", gone.ID())
+}
