@@ -23,19 +23,19 @@ import (
 )
 
 var mountFlags struct {
-	daemon       bool
-	allowOther   bool
-	writeback    bool
-	force        bool
-	noWatch      bool
-	attrTimeout  time.Duration
-	opTimeout    time.Duration
-	readaheadKiB int
-	dataCache    byteSize
-	logFile      string
-	debug        bool
-	cpuProfile   string
-	binding      string
+	daemon           bool
+	allowOther       bool
+	writeback        bool
+	force            bool
+	noWatch          bool
+	attrTimeout      time.Duration
+	opTimeout        time.Duration
+	readaheadKiB     int
+	dataCache        byteSize
+	logFile          string
+	debug, hugePages bool
+	cpuProfile       string
+	binding          string
 }
 
 var mountCmd = &cobra.Command{
@@ -74,6 +74,7 @@ func init() {
 	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
 	f.StringVar(&mountFlags.binding, "binding", fuse.BindingBazil, "FUSE library serving the mount: bazil (bazil.org/fuse) or gofuse (go-fuse: 1 MiB requests, negative entries; docs/fuse.md)")
+	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -123,8 +124,12 @@ func runMount(cmd *cobra.Command, args []string) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
+	heap := 2*int64(mountFlags.dataCache) + 256<<20
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(2*int64(mountFlags.dataCache) + 256<<20)
+		debug.SetMemoryLimit(heap)
+	}
+	if mountFlags.hugePages {
+		reserveHugePages(slog.Default(), uint64(heap))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -63,7 +63,7 @@ func init() {
 	f.BoolVar(&sf.nonvoter, "nonvoter", false, "join as a non-voting member")
 	f.BoolVar(&sf.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
 	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
-	f.BoolVar(&sf.hugePages, "huge-pages", true, "let the heap grow into transparent huge pages where the system setting is \"madvise\" (address space, not memory, is reserved)")
+	f.BoolVar(&sf.hugePages, "huge-pages", true, hugePagesUsage)
 	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
@@ -198,6 +198,8 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}()
 	return nil
 }
+
+const hugePagesUsage = `let the heap grow into transparent huge pages where the system setting is "madvise" (address space, not memory, is reserved)`
 
 // reserveHugePages lets a heap expected to reach want bytes grow into
 // huge pages, and logs what it did or why not.

@@ -30,7 +30,8 @@
 # 300) for the invalidation delay; LOG_STORE (default bolt); BASE_PORT
 # (default random) for the cluster; WORK (default a new /tmp/memfs-fio-*)
 # holds the mounts; ONLY (e.g. "tmpfs memfs") limits the targets; PHASES
-# (default "fio tar") the jobs run on each; KEEP=1 leaves the work dir.
+# (default "fio tar") the jobs run on each; MOUNT_FLAGS (e.g.
+# "--huge-pages=false") goes to every memfs mount; KEEP=1 leaves the work dir.
 set -euo pipefail
 BIN=${1:-$(command -v memfs || true)}
 [ -x "$BIN" ] || { echo "usage: $0 path/to/memfs" >&2; exit 2; }
@@ -185,21 +186,21 @@ fi
 
 if want memfs; then
   mkdir "$work/mnt"
-  "$BIN" --cluster "$cluster" mount --daemon --log "$work/mount.log" "$work/mnt" >/dev/null
+  "$BIN" --cluster "$cluster" mount --daemon ${MOUNT_FLAGS:-} --log "$work/mount.log" "$work/mnt" >/dev/null
   mounts+=("$work/mnt")
   run_all memfs "$work/mnt"; labels+=(memfs)
 fi
 
 if want memfs_gofuse; then
   mkdir "$work/mntgf"
-  "$BIN" --cluster "$cluster" mount --daemon --binding gofuse --log "$work/mountgf.log" "$work/mntgf" >/dev/null
+  "$BIN" --cluster "$cluster" mount --daemon ${MOUNT_FLAGS:-} --binding gofuse --log "$work/mountgf.log" "$work/mntgf" >/dev/null
   mounts+=("$work/mntgf")
   run_all memfs_gofuse "$work/mntgf"; labels+=(memfs_gofuse)
 fi
 
 if want memfs_nocache; then
   mkdir "$work/mntnc"
-  "$BIN" --cluster "$cluster" mount --daemon --data-cache 0 --log "$work/mountnc.log" "$work/mntnc" >/dev/null
+  "$BIN" --cluster "$cluster" mount --daemon ${MOUNT_FLAGS:-} --data-cache 0 --log "$work/mountnc.log" "$work/mntnc" >/dev/null
   mounts+=("$work/mntnc")
   run_all memfs_nocache "$work/mntnc"; labels+=(memfs_nocache)
 fi
@@ -224,7 +225,7 @@ if want memfs && [ "$CHANGES" -gt 0 ]; then
   "$work/bin/invaldelay" --cluster "$cluster" --mount "$work/mnt" --changes "$CHANGES" >"$work/inval.txt"
   # A second mount, on the third node, makes the changes.
   mkdir "$work/mnt2"
-  "$BIN" --cluster "127.0.0.1:$((base+3))" mount --daemon --log "$work/mount2.log" "$work/mnt2" >/dev/null
+  "$BIN" --cluster "127.0.0.1:$((base+3))" mount --daemon ${MOUNT_FLAGS:-} --log "$work/mount2.log" "$work/mnt2" >/dev/null
   mounts+=("$work/mnt2")
   echo >>"$work/inval.txt"
   "$work/bin/invaldelay" --cluster "$cluster" --mount "$work/mnt" --via "$work/mnt2" --changes "$CHANGES" >>"$work/inval.txt"
