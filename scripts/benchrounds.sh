@@ -32,6 +32,9 @@ cluster="127.0.0.1:$((base+1)),127.0.0.1:$((base+2)),127.0.0.1:$((base+3))"
 
 # nodecpu PIDS: user + system time of the processes, in clock ticks.
 nodecpu() { local s=0 p; for p in "$@"; do s=$((s + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$s"; }
+# nodefaults PIDS: minor page faults of the processes (docs/benchmarks.md,
+# "Page faults and huge pages": on some machines they are most of the cost).
+nodefaults() { local s=0 p; for p in "$@"; do s=$((s + $(awk '{print $10}' "/proc/$p/stat"))); done; echo "$s"; }
 
 for ((r = 1; r <= rounds; r++)); do
   (cd server && "$tmp/server.test" -test.run '^$' -test.bench 'RaftCeiling/bolt' -test.benchtime 3s) |
@@ -42,10 +45,10 @@ for ((r = 1; r <= rounds; r++)); do
   for _ in $(seq 300); do grep -q "is up" "$tmp/up.log" && break; sleep 0.1; done
   grep -q "is up" "$tmp/up.log" || { cat "$tmp/up.log"; exit 1; }
   pids=$(pgrep -P "$up" | tr '\n' ' ')
-  t0=$(nodecpu $pids)
+  t0=$(nodecpu $pids) f0=$(nodefaults $pids)
   "$BIN" --cluster "$cluster" bench "$@" | awk -v r="$r" '/^(write|read|create) / {print "round " r " memfs " $0}'
-  t1=$(nodecpu $pids)
-  echo "round $r node CPU $(( (t1 - t0) * 1000 / $(getconf CLK_TCK) )) ms, load $(cut -d' ' -f1 /proc/loadavg)"
+  t1=$(nodecpu $pids) f1=$(nodefaults $pids)
+  echo "round $r node CPU $(( (t1 - t0) * 1000 / $(getconf CLK_TCK) )) ms, minor faults $((f1 - f0)), load $(cut -d' ' -f1 /proc/loadavg)"
   kill "$up"; wait "$up" 2>/dev/null || true
   up=
 done
