@@ -37,6 +37,7 @@ type System struct {
 	Mode       string // transparent huge pages: "always", "madvise" or "never"
 	Overcommit string // vm.overcommit_memory: "0", "1" or "2"
 	DisableTHP bool   // GODEBUG=disablethp=1: the runtime itself opts out
+	RlimitSet  bool   // RLIMIT_AS or RLIMIT_DATA caps this process's mappings
 }
 
 // ReadSystem reads the settings Plan needs from /sys and /proc.
@@ -54,6 +55,12 @@ func ReadSystem() (System, error) {
 	}
 	s.Overcommit = strings.TrimSpace(string(b))
 	s.DisableTHP = strings.Contains(","+os.Getenv("GODEBUG")+",", ",disablethp=1,")
+	for _, res := range []int{unix.RLIMIT_AS, unix.RLIMIT_DATA} {
+		var lim unix.Rlimit
+		if err := unix.Getrlimit(res, &lim); err != nil || lim.Cur != unix.RLIM_INFINITY {
+			s.RlimitSet = true
+		}
+	}
 	return s, nil
 }
 
@@ -67,9 +74,12 @@ func Plan(s System, want, ram uint64) (uint64, string) {
 		return 0, "the system already gives every mapping huge pages"
 	case s.Mode != "madvise":
 		return 0, "the system gives no huge pages (" + s.Mode + ")"
+	case s.RlimitSet:
+		// Reserved address space counts against these limits too.
+		return 0, "RLIMIT_AS or RLIMIT_DATA is set and would count the reservation"
 	case s.Overcommit == "2":
-		// Strict accounting charges the reservation as if it were used, and
-		// the runtime treats a refused mapping as fatal.
+		// Strict accounting charges the reservation as if it were used. A
+		// refused mapping is fatal to the runtime, so never risk one.
 		return 0, "vm.overcommit_memory=2 would charge the reservation"
 	}
 	// Heuristic overcommit refuses a single mapping larger than RAM; stay

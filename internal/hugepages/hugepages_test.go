@@ -57,6 +57,7 @@ func TestPlan(t *testing.T) {
 		{"never allows nothing", System{Mode: "never", Overcommit: "0"}, 4 << 30, 0},
 		{"strict overcommit", System{Mode: "madvise", Overcommit: "2"}, 4 << 30, 0},
 		{"nothing wanted", System{Mode: "madvise", Overcommit: "0"}, 1 << 20, 0},
+		{"address space capped", System{Mode: "madvise", Overcommit: "0", RlimitSet: true}, 4 << 30, 0},
 		{"runtime opted out", System{Mode: "madvise", Overcommit: "0", DisableTHP: true}, 4 << 30, 0},
 	}
 	for _, tc := range cases {
