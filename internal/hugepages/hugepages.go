@@ -102,9 +102,8 @@ func Reserve(size uint64) (int64, error) {
 	// clears nor touches it: this maps size bytes and faults in none.
 	ballast := make([]byte, size)
 	n, err := AdviseOnce()
-	runtime.KeepAlive(ballast)
-	ballast = nil
-	runtime.GC() // returns the range to the heap's free pages
+	runtime.KeepAlive(ballast) // the last use: the collection below frees it
+	runtime.GC()               // returns the range to the heap's free pages
 	return n, err
 }
 
