@@ -107,7 +107,7 @@ var ceilingHeap sync.Once
 func BenchmarkRaftCeiling(b *testing.B) {
 	ceilingHeap.Do(func() {
 		if sys, err := hugepages.ReadSystem(); err == nil {
-			if size, _ := hugepages.Plan(sys, 4<<30, 16<<30); size > 0 {
+			if size, _ := hugepages.Plan(sys, 4<<30); size > 0 {
 				_, _ = hugepages.Reserve(size)
 			}
 		}

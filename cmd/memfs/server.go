@@ -209,12 +209,7 @@ func reserveHugePages(log *slog.Logger, want uint64) {
 		log.Info("no huge pages", "err", err)
 		return
 	}
-	ram, err := memTotal()
-	if err != nil {
-		log.Info("no huge pages", "err", err)
-		return
-	}
-	size, why := hugepages.Plan(sys, want, ram)
+	size, why := hugepages.Plan(sys, want)
 	if size == 0 {
 		log.Info("no huge pages reserved", "thp", sys.Mode, "reason", why)
 		return

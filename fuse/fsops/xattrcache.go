@@ -33,7 +33,7 @@ const noXattrTTL = time.Second
 type inoSet struct {
 	ttl time.Duration
 	mu  sync.Mutex
-	m   map[uint64]time.Time // guarded by mu: ino → when it was found missing
+	m   map[uint64]time.Time // guarded by mu: ino → when it was added
 }
 
 func newInoSet(ttl time.Duration) *inoSet {
@@ -66,6 +66,12 @@ func (c *inoSet) drop(ino uint64) {
 	c.mu.Unlock()
 }
 
+func (c *inoSet) clear() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
+}
+
 // seen records what attributes the cluster returned say about xattrs. A
 // node that predates the count says nothing.
 func (o *ClientOps) seen(a *pb.Attr) {
@@ -75,14 +81,10 @@ func (o *ClientOps) seen(a *pb.Attr) {
 }
 
 // forgetXattrs drops what this mount remembers of ino's xattrs: they are
-// being changed through it, or a change event named the inode.
+// being changed through it. (A change event drops noXattrs only: events
+// follow every commit of this mount's own writes, and capMiss exists so
+// that those cost no query.)
 func (o *ClientOps) forgetXattrs(ino uint64) {
 	o.capMiss.drop(ino)
 	o.noXattrs.drop(ino)
-}
-
-func (c *inoSet) clear() {
-	c.mu.Lock()
-	clear(c.m)
-	c.mu.Unlock()
 }

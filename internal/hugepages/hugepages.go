@@ -38,6 +38,7 @@ type System struct {
 	Overcommit string // vm.overcommit_memory: "0", "1" or "2"
 	DisableTHP bool   // GODEBUG=disablethp=1: the runtime itself opts out
 	RlimitSet  bool   // RLIMIT_AS or RLIMIT_DATA caps this process's mappings
+	RAM        uint64 // bytes of memory the kernel manages
 }
 
 // ReadSystem reads the settings Plan needs from /sys and /proc.
@@ -54,6 +55,11 @@ func ReadSystem() (System, error) {
 		return s, fmt.Errorf("hugepages: %w", err)
 	}
 	s.Overcommit = strings.TrimSpace(string(b))
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return s, fmt.Errorf("hugepages: sysinfo: %w", err)
+	}
+	s.RAM = uint64(si.Totalram) * uint64(si.Unit)
 	s.DisableTHP = strings.Contains(","+os.Getenv("GODEBUG")+",", ",disablethp=1,")
 	for _, res := range []int{unix.RLIMIT_AS, unix.RLIMIT_DATA} {
 		var lim unix.Rlimit
@@ -65,8 +71,8 @@ func ReadSystem() (System, error) {
 }
 
 // Plan says how many bytes Reserve should reserve for a heap expected to
-// reach want on a machine with ram bytes of memory, or why none.
-func Plan(s System, want, ram uint64) (uint64, string) {
+// reach want, or why none.
+func Plan(s System, want uint64) (uint64, string) {
 	switch {
 	case s.DisableTHP:
 		return 0, "GODEBUG=disablethp=1"
@@ -84,7 +90,7 @@ func Plan(s System, want, ram uint64) (uint64, string) {
 	}
 	// Heuristic overcommit refuses a single mapping larger than RAM; stay
 	// well inside it.
-	size := min(want, ram/2) &^ (hugePage - 1)
+	size := min(want, s.RAM/2) &^ (hugePage - 1)
 	if size == 0 {
 		return 0, "less than one huge page to reserve"
 	}
@@ -101,15 +107,15 @@ func Reserve(size uint64) (int64, error) {
 	// Fresh memory from the OS is known to be zero, so the runtime neither
 	// clears nor touches it: this maps size bytes and faults in none.
 	ballast := make([]byte, size)
-	n, err := AdviseOnce()
+	n, err := adviseAll()
 	runtime.KeepAlive(ballast) // the last use: the collection below frees it
 	runtime.GC()               // returns the range to the heap's free pages
 	return n, err
 }
 
-// AdviseOnce advises every private anonymous read-write mapping of at least
+// adviseAll advises every private anonymous read-write mapping of at least
 // one huge page and returns how many bytes that covered.
-func AdviseOnce() (int64, error) {
+func adviseAll() (int64, error) {
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
 		return 0, fmt.Errorf("hugepages: %w", err)

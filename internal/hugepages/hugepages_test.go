@@ -43,26 +43,25 @@ func TestSelected(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
-	const ram = 24 << 30
 	cases := []struct {
 		name string
 		sys  System
 		want uint64
 		size uint64
 	}{
-		{"madvise", System{Mode: "madvise", Overcommit: "0"}, 4 << 30, 4 << 30},
-		{"capped at half of RAM", System{Mode: "madvise", Overcommit: "1"}, 40 << 30, 12 << 30},
-		{"rounded down to huge pages", System{Mode: "madvise", Overcommit: "0"}, 5<<20 + 1, 4 << 20},
-		{"always needs nothing", System{Mode: "always", Overcommit: "0"}, 4 << 30, 0},
-		{"never allows nothing", System{Mode: "never", Overcommit: "0"}, 4 << 30, 0},
-		{"strict overcommit", System{Mode: "madvise", Overcommit: "2"}, 4 << 30, 0},
-		{"nothing wanted", System{Mode: "madvise", Overcommit: "0"}, 1 << 20, 0},
-		{"address space capped", System{Mode: "madvise", Overcommit: "0", RlimitSet: true}, 4 << 30, 0},
-		{"runtime opted out", System{Mode: "madvise", Overcommit: "0", DisableTHP: true}, 4 << 30, 0},
+		{"madvise", System{Mode: "madvise", Overcommit: "0", RAM: 24 << 30}, 4 << 30, 4 << 30},
+		{"capped at half of RAM", System{Mode: "madvise", Overcommit: "1", RAM: 24 << 30}, 40 << 30, 12 << 30},
+		{"rounded down to huge pages", System{Mode: "madvise", Overcommit: "0", RAM: 24 << 30}, 5<<20 + 1, 4 << 20},
+		{"always needs nothing", System{Mode: "always", Overcommit: "0", RAM: 24 << 30}, 4 << 30, 0},
+		{"never allows nothing", System{Mode: "never", Overcommit: "0", RAM: 24 << 30}, 4 << 30, 0},
+		{"strict overcommit", System{Mode: "madvise", Overcommit: "2", RAM: 24 << 30}, 4 << 30, 0},
+		{"nothing wanted", System{Mode: "madvise", Overcommit: "0", RAM: 24 << 30}, 1 << 20, 0},
+		{"address space capped", System{Mode: "madvise", Overcommit: "0", RAM: 24 << 30, RlimitSet: true}, 4 << 30, 0},
+		{"runtime opted out", System{Mode: "madvise", Overcommit: "0", RAM: 24 << 30, DisableTHP: true}, 4 << 30, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			size, why := Plan(tc.sys, tc.want, ram)
+			size, why := Plan(tc.sys, tc.want)
 			require.Equal(t, tc.size, size)
 			require.Equal(t, size == 0, why != "", "a reason exactly when nothing is reserved: %q", why)
 		})
