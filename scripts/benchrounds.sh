@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The issue-3 figures in rounds: each round runs the raw Raft ceiling
 # (BenchmarkRaftCeiling/bolt: 3 hashicorp/raft nodes with the node's stores
-# and settings, a state machine that keeps nothing), then `memfs bench`
+# and settings, a state machine that keeps nothing; and the same with state
+# machines that keep a copy of every entry, BenchmarkRaftCeilingKeep/bolt),
+# then `memfs bench`
 # against a fresh `memfs up` cluster, and prints one line per figure with
 # the node processes' CPU time. Alternating the two in one session is what
 # makes "% of the ceiling" mean anything on a machine whose disk and cores
@@ -37,7 +39,7 @@ nodecpu() { local s=0 p; for p in "$@"; do s=$((s + $(awk '{print $14 + $15}' "/
 nodefaults() { local s=0 p; for p in "$@"; do s=$((s + $(awk '{print $10}' "/proc/$p/stat"))); done; echo "$s"; }
 
 for ((r = 1; r <= rounds; r++)); do
-  (cd server && "$tmp/server.test" -test.run '^$' -test.bench 'RaftCeiling/bolt' -test.benchtime 3s) |
+  (cd server && "$tmp/server.test" -test.run '^$' -test.bench 'RaftCeiling(Keep)?/bolt' -test.benchtime 3s) |
     awk -v r="$r" '/^Benchmark/ {print "round " r " ceiling " $1 ": " $5 " MB/s, " $7 " cpu-ms/MB, " $9 " entries/s"}'
   rm -rf "$tmp/data"
   "$BIN" up --nodes 3 --dir "$tmp/data" --base-port "$base" >"$tmp/up.log" 2>&1 &

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/memoryfs/memfs/internal/heapgoal"
 	"github.com/memoryfs/memfs/internal/hugepages"
 )
 
@@ -31,14 +32,31 @@ func (nopFSM) Restore(rc io.ReadCloser) error {
 	return err
 }
 
+// keepFSM keeps a copy of every entry's data, as any in-memory store must:
+// the ceiling with the cost of holding what was written (new memory for
+// every byte, on every replica) and nothing else.
+type keepFSM struct {
+	nopFSM
+	mu   sync.Mutex
+	kept [][]byte
+}
+
+func (f *keepFSM) Apply(l *raft.Log) any {
+	c := append([]byte(nil), l.Data...)
+	f.mu.Lock()
+	f.kept = append(f.kept, c)
+	f.mu.Unlock()
+	return nil
+}
+
 type nopSnapshot struct{}
 
 func (nopSnapshot) Persist(s raft.SnapshotSink) error { return s.Close() }
 func (nopSnapshot) Release()                          {}
 
 // ceilingCluster starts three raft nodes with the given log store and
-// returns the leader.
-func ceilingCluster(b *testing.B, store string) *raft.Raft {
+// state machines from newFSM, and returns the leader.
+func ceilingCluster(b *testing.B, store string, newFSM func() raft.FSM) *raft.Raft {
 	b.Helper()
 	tuning := DefaultRaftTuning()
 	log := raftLogger(slog.New(slog.DiscardHandler), "off")
@@ -70,7 +88,7 @@ func ceilingCluster(b *testing.B, store string) *raft.Raft {
 	for _, p := range parts {
 		rc := tuning.raftConfig(p.cfg.ID)
 		rc.Logger = log
-		r, err := raft.NewRaft(rc, nopFSM{}, p.stores.Log, p.stores.Stable, p.stores.Snapshots, p.trans)
+		r, err := raft.NewRaft(rc, newFSM(), p.stores.Log, p.stores.Stable, p.stores.Snapshots, p.trans)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -105,6 +123,20 @@ func ceilingCluster(b *testing.B, store string) *raft.Raft {
 var ceilingHeap sync.Once
 
 func BenchmarkRaftCeiling(b *testing.B) {
+	benchCeiling(b, []string{LogStoreBolt, LogStoreWAL, LogStoreMem}, func() raft.FSM { return nopFSM{} })
+}
+
+// BenchmarkRaftCeilingKeep is the bolt ceiling with state machines that
+// keep every entry's data, under the node's GC headroom (memfs server
+// --gc-headroom): what holding the written bytes in memory costs on this
+// machine, apart from anything MemoryFS does (docs/benchmarks.md, "GC
+// headroom").
+func BenchmarkRaftCeilingKeep(b *testing.B) {
+	defer heapgoal.Start(256<<20, slog.New(slog.DiscardHandler)).Stop()
+	benchCeiling(b, []string{LogStoreBolt}, func() raft.FSM { return &keepFSM{} })
+}
+
+func benchCeiling(b *testing.B, stores []string, newFSM func() raft.FSM) {
 	ceilingHeap.Do(func() {
 		if sys, err := hugepages.ReadSystem(); err == nil {
 			if size, _ := hugepages.Plan(sys, 4<<30); size > 0 {
@@ -119,10 +151,10 @@ func BenchmarkRaftCeiling(b *testing.B) {
 		{"1MiB-x16", 1 << 20, 16},
 		{"4KiB-x32", 4 << 10, 32},
 	}
-	for _, store := range []string{LogStoreBolt, LogStoreWAL, LogStoreMem} {
+	for _, store := range stores {
 		for _, load := range loads {
 			b.Run(store+"/"+load.name, func(b *testing.B) {
-				leader := ceilingCluster(b, store)
+				leader := ceilingCluster(b, store, newFSM)
 				data := make([]byte, load.size)
 				for i := range data {
 					data[i] = byte(i * 31) // not all zeros, in case a layer compresses

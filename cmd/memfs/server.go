@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/memoryfs/memfs/internal/heapgoal"
 	"github.com/memoryfs/memfs/internal/hugepages"
 	"github.com/memoryfs/memfs/server"
 )
@@ -29,7 +30,7 @@ var serverFlags struct {
 	id, data, raftAddr, apiAddr, raftAdvertise, apiAdvertise, unix string
 	bootstrap, ephemeral, nonvoter, wireDedup, hugePages           bool
 	join                                                           []string
-	logStore, memoryLimit, chunkSize, metricsAddr                  string
+	logStore, memoryLimit, chunkSize, metricsAddr, gcHeadroom      string
 	logLevel, logFormat, raftLogLevel                              string
 	tuning                                                         server.RaftTuning
 }
@@ -65,6 +66,7 @@ func init() {
 	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
 	f.BoolVar(&sf.hugePages, "huge-pages", true, hugePagesUsage)
 	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
+	f.StringVar(&sf.gcHeadroom, "gc-headroom", "256MiB", "heap the Go GC may add past live data before collecting, instead of GOGC's 100% of it; 0 keeps GOGC (docs/operations.md)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
 	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and Go profiles at /debug/pprof/")
@@ -102,10 +104,15 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--memory-limit: %w", err)}
 	}
+	headroom, err := parseSize(sf.gcHeadroom)
+	if err != nil {
+		return usageError{fmt.Errorf("--gc-headroom: %w", err)}
+	}
 	if sf.hugePages {
-		// GOGC=100 lets the heap reach twice the data it holds.
+		// Without a headroom (GOGC=100) the heap reaches twice the data it holds.
 		reserveHugePages(logger, 2*limit)
 	}
+	defer heapgoal.Start(headroom, logger).Stop()
 	var chunk uint64
 	if sf.chunkSize != "" {
 		if chunk, err = parseSize(sf.chunkSize); err != nil {

@@ -286,6 +286,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"status", "--no-such-flag"}, 2, "memfs: unknown flag"},
 		{[]string{"server", "--data", "x"}, 2, "memfs: --id is required"},
 		{[]string{"server", "--id", "a", "--data", "x", "--memory-limit", "lots"}, 2, "not a size"},
+		{[]string{"server", "--id", "a", "--data", "x", "--gc-headroom", "-1MiB"}, 2, "--gc-headroom: \"-1MiB\" is not a size"},
 		{[]string{"status", "--cluster", "127.0.0.1:1", "--timeout", "5s"}, 1, "memfs: no node answered"},
 		{[]string{"up", "extra"}, 2, "memfs: up takes no arguments"},
 		// Flags after "--" reach every node: a bad one stops them.
