@@ -195,7 +195,13 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 	}
 	if len(x.Hashes) > 0 && off != uint64(x.Offset) {
 		// The pieces were cut for x.Offset; an append lands elsewhere.
-		return nil, errf(syscall.EREMOTEIO, "write by hash for offset %d lands at %d (append): resend the data", x.Offset, off)
+		if namesBlocks(x.Hashes) {
+			return nil, errf(syscall.EREMOTEIO, "write by hash for offset %d lands at %d (append): resend the data", x.Offset, off)
+		}
+		// Only sums, which fit chunks it no longer covers: the data alone
+		// is the write (a handle opened O_APPEND, which the leader that
+		// cut the pieces cannot see).
+		x = &pb.WriteCmd{Data: x.Data}
 	}
 	p, length, err := t.planData(n, off, x)
 	if err != nil {
@@ -210,10 +216,23 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 	return t.commitWrite(n, &p, off, length), nil
 }
 
+// namesBlocks reports whether any piece of a write goes by hash.
+func namesBlocks(hashes [][]byte) bool {
+	for _, h := range hashes {
+		if len(h) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // planData plans writing x's data (or blocks named by hash) at off into n.
 func (t *tx) planData(n *inode, off uint64, x *pb.WriteCmd) (plan, uint64, error) {
 	if len(x.Hashes) > 0 {
 		return t.planRefs(n, off, x)
+	}
+	if len(x.Sums) > 0 {
+		return plan{}, 0, errf(syscall.EINVAL, "sums without pieces (hashes)")
 	}
 	length := uint64(len(x.Data))
 	if err := checkExtent(off, length); err != nil || length == 0 {
@@ -325,18 +344,32 @@ func (t *tx) planRefs(n *inode, off uint64, x *pb.WriteCmd) (plan, uint64, error
 	if length == 0 || (end-1)/cs-off/cs+1 != uint64(len(x.Hashes)) {
 		return plan{}, 0, errf(syscall.EINVAL, "%d hashes for %d bytes at %d", len(x.Hashes), length, off)
 	}
+	if len(x.Sums) > 0 && len(x.Sums) != len(x.Hashes) {
+		return plan{}, 0, errf(syscall.EINVAL, "%d sums for %d pieces", len(x.Sums), len(x.Hashes))
+	}
 	p := plan{ino: n.ino, ops: make([]chunkOp, 0, len(x.Hashes))}
 	data := x.Data
 	for i, hb := range x.Hashes {
 		idx := off/cs + uint64(i)
 		lo, hi := max(off, idx*cs), min(end, (idx+1)*cs)
+		var sum []byte
+		if len(x.Sums) > 0 {
+			sum = x.Sums[i]
+		}
 		if len(hb) == 0 {
 			if uint64(len(data)) < hi-lo {
 				return plan{}, 0, errf(syscall.EINVAL, "data ends before piece %d", i)
 			}
-			p.ops = append(p.ops, t.planWrite(n, lo, data[:hi-lo]).ops...)
+			ops, err := t.planPiece(n, idx, lo, data[:hi-lo], sum)
+			if err != nil {
+				return plan{}, 0, err
+			}
+			p.ops = append(p.ops, ops...)
 			data = data[hi-lo:]
 			continue
+		}
+		if len(sum) > 0 {
+			return plan{}, 0, errf(syscall.EINVAL, "piece %d is named by hash and has a sum", i)
 		}
 		op, err := t.refOp(n, idx, lo, hi, hb)
 		if err != nil {
@@ -348,6 +381,28 @@ func (t *tx) planRefs(n *inode, off uint64, x *pb.WriteCmd) (plan, uint64, error
 		return plan{}, 0, errf(syscall.EINVAL, "%d bytes of data beyond the pieces", len(data))
 	}
 	return p, length, nil
+}
+
+// planPiece plans the piece of a write at lo, inside chunk idx, whose
+// bytes are carried in the command. With a sum (stamped by the leader,
+// which hashed the piece already) the piece must be the whole chunk, and
+// its block is stored under that sum instead of being hashed again.
+func (t *tx) planPiece(n *inode, idx, lo uint64, piece, sum []byte) ([]chunkOp, error) {
+	if len(sum) == 0 {
+		return t.planWrite(n, lo, piece).ops, nil
+	}
+	h, err := block.ParseHash(sum)
+	switch {
+	case err != nil:
+		return nil, errf(syscall.EINVAL, "chunk %d: sum: %v", idx, err)
+	case lo != idx*t.chunkSize || uint64(len(piece)) != t.chunkSize:
+		return nil, errf(syscall.EINVAL, "sum for chunk %d, which the piece does not cover whole", idx)
+	}
+	op := chunkOp{idx: idx, old: t.chunk(n.ino, idx), data: piece, hash: h}
+	if block.IsZero(piece) {
+		op.data, op.hash = nil, block.Hash{}
+	}
+	return []chunkOp{op}, nil
 }
 
 // refOp plans chunk idx of n to become the stored block named by hb, for

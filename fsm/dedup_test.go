@@ -18,25 +18,33 @@ import (
 
 // mixedWrite expresses writing data at off into p as a WriteCmd with one
 // hash entry per piece (the write cut at chunk boundaries): a whole,
-// aligned piece that f stores and pick accepts goes by hash, every other
-// piece as data. It returns nil when no piece goes by hash.
-func mixedWrite(f *fsm.FSM, p string, off int64, data []byte, pick func(i int) bool) *pb.Command {
+// aligned piece that f stores and pick accepts goes by hash; every other
+// piece as data, a whole aligned one with its sum when sum accepts it, as
+// the leader sends them. It returns nil when no piece goes by hash or
+// with a sum.
+func mixedWrite(f *fsm.FSM, p string, off int64, data []byte, pick, sum func(i int) bool) *pb.Command {
 	w := &pb.WriteCmd{Loc: ft.Path(p), Offset: off, Length: uint64(len(data))}
-	byHash := false
+	used := false
 	for i, pos := 0, off; pos < off+int64(len(data)); i++ {
 		next := min((pos/cs+1)*cs, off+int64(len(data)))
 		piece := data[pos-off : next-off]
 		h, stored := f.StoredChunk(piece)
-		if pos%cs == 0 && len(piece) == cs && stored && pick(i) {
-			w.Hashes = append(w.Hashes, h)
-			byHash = true
-		} else {
-			w.Hashes = append(w.Hashes, nil)
+		whole := pos%cs == 0 && len(piece) == cs
+		switch {
+		case whole && stored && pick(i):
+			w.Hashes, w.Sums = append(w.Hashes, h), append(w.Sums, nil)
+			used = true
+		case whole && sum(i):
+			w.Hashes, w.Sums = append(w.Hashes, nil), append(w.Sums, h)
+			w.Data = append(w.Data, piece...)
+			used = true
+		default:
+			w.Hashes, w.Sums = append(w.Hashes, nil), append(w.Sums, nil)
 			w.Data = append(w.Data, piece...)
 		}
 		pos = next
 	}
-	if !byHash {
+	if !used {
 		return nil
 	}
 	return &pb.Command{Op: &pb.Command_Write{Write: w}}
@@ -44,8 +52,9 @@ func mixedWrite(f *fsm.FSM, p string, off int64, data []byte, pick func(i int) b
 
 // TestMixedWritesMatchDataWrites applies the same random writes to two
 // state machines, to one as plain data and to the other with stored
-// chunks named by hash wherever possible, and requires identical trees,
-// contents and block accounting after every step.
+// chunks named by hash wherever possible and most other whole chunks
+// carrying their sums, and requires identical trees, contents and block
+// accounting after every step.
 func TestMixedWritesMatchDataWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 1))
 	plain := newFile(t, fsm.Config{}, "/f")
@@ -71,7 +80,8 @@ func TestMixedWritesMatchDataWrites(t *testing.T) {
 		}
 		cmd := ft.Write("/f", off, data)
 		plain.Must(cmd)
-		if m := mixedWrite(mixed.F, "/f", off, data, func(int) bool { return rng.IntN(4) != 0 }); m != nil {
+		pick := func(int) bool { return rng.IntN(4) != 0 }
+		if m := mixedWrite(mixed.F, "/f", off, data, pick, pick); m != nil {
 			cmd, byHash = m, byHash+1
 		}
 		mixed.Must(cmd)
@@ -96,6 +106,13 @@ func TestMixedWriteErrors(t *testing.T) {
 		return &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
 			Loc: ft.Path("/b"), Offset: off, Length: length, Data: data, Hashes: hs}}}
 	}
+	// summed is w with sums.
+	summed := func(c *pb.Command, sums ...[]byte) *pb.Command {
+		c.GetWrite().Sums = sums
+		return c
+	}
+	fresh := bytes.Repeat([]byte{7}, cs)
+	sum := sha256.Sum256(fresh)
 	tests := []struct {
 		name string
 		cmd  *pb.Command
@@ -107,6 +124,11 @@ func TestMixedWriteErrors(t *testing.T) {
 		{"too few entries", w(100, 2*cs-100, make([]byte, cs-100), nil), syscall.EINVAL},
 		{"hash on partial piece", w(0, cs+100, make([]byte, cs), nil, ha), syscall.EINVAL},
 		{"one missing", w(100, 2*cs-100, bytes.Repeat([]byte{1}, cs-100), nil, missing[:]), syscall.EREMOTEIO},
+		{"sums without pieces", summed(w(0, cs, fresh), sum[:]), syscall.EINVAL},
+		{"fewer sums than pieces", summed(w(0, 2*cs, append(fresh, fresh...), nil, nil), sum[:]), syscall.EINVAL},
+		{"sum of a short hash", summed(w(0, cs, fresh, nil), sum[:5]), syscall.EINVAL},
+		{"sum on a piece by hash", summed(w(0, cs, nil, ha), ha), syscall.EINVAL},
+		{"sum on a partial piece", summed(w(100, cs-100, fresh[100:], nil), sum[:]), syscall.EINVAL},
 		{"unaligned edge and a stored chunk", w(100, 2*cs-100, bytes.Repeat([]byte{1}, cs-100), nil, ha), 0},
 	}
 	for _, tc := range tests {
@@ -218,4 +240,27 @@ func BenchmarkCloneTree10k(b *testing.B) {
 		h.Must(ft.Clone("/src", fmt.Sprintf("/dst%d", i), true))
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/clone")
+}
+
+// TestSumsOnAnAppendHandle: the leader cuts a write into pieces for its
+// offset, unaware that the handle was opened O_APPEND. Pieces with sums
+// only then fit chunks the write no longer covers, and the write applies
+// as its plain data at the end of file, hashed by the replica; with a
+// piece by hash it is refused for a resend, as before.
+func TestSumsOnAnAppendHandle(t *testing.T) {
+	h := newFile(t, fsm.Config{}, "/f")
+	head := []byte("head")
+	h.Must(ft.Write("/f", 0, head))
+	open := h.Must(h.Sess(ft.Open("/f", ft.OWronly|ft.OAppend, 0)))
+	data := chunks(2, 'q')
+	sum0, _ := h.F.StoredChunk(data[:cs])
+	sum1, _ := h.F.StoredChunk(data[cs:])
+	w := &pb.WriteCmd{Handle: open.Handle, Offset: 0, Length: 2 * cs, Data: data,
+		Hashes: [][]byte{nil, nil}, Sums: [][]byte{sum0, sum1}}
+	require.Equal(t, uint64(2*cs), h.Must(h.Sess(&pb.Command{Op: &pb.Command_Write{Write: w}})).N)
+	require.Equal(t, append(append([]byte(nil), head...), data...), h.MustQ(ft.Read("/f", 0, 1<<20)).Data)
+
+	w = &pb.WriteCmd{Handle: open.Handle, Offset: 0, Length: 2 * cs, Data: data[cs:],
+		Hashes: [][]byte{sum0, nil}, Sums: [][]byte{nil, sum1}}
+	require.Equal(t, syscall.EREMOTEIO, errnoOf(h.Do(h.Sess(&pb.Command{Op: &pb.Command_Write{Write: w}}))))
 }

@@ -191,7 +191,8 @@ const genLimit = 64 * cs
 func (g *logGen) String() string { return fmt.Sprintf("logGen(t=%d)", g.time) }
 
 // mixedWrite is a write with some whole chunks named by hash (dedup on the
-// wire) and the rest as data; a named block may or may not be stored.
+// wire) and the rest as data, some whole chunks with their sums; a named
+// block may or may not be stored.
 func (g *logGen) mixedWrite() *pb.Command {
 	off := int64(g.rng.IntN(4 * cs))
 	if g.rng.IntN(2) == 0 {
@@ -202,11 +203,15 @@ func (g *logGen) mixedWrite() *pb.Command {
 	for pos := off; pos < off+int64(len(data)); {
 		next := min((pos/cs+1)*cs, off+int64(len(data)))
 		piece := data[pos-off : next-off]
-		if pos%cs == 0 && len(piece) == cs && g.rng.IntN(3) != 0 {
-			h := sha256.Sum256(piece)
-			w.Hashes = append(w.Hashes, h[:])
-		} else {
-			w.Hashes = append(w.Hashes, nil)
+		h := sha256.Sum256(piece)
+		switch whole := pos%cs == 0 && len(piece) == cs; {
+		case whole && g.rng.IntN(3) == 0:
+			w.Hashes, w.Sums = append(w.Hashes, h[:]), append(w.Sums, nil)
+		case whole && g.rng.IntN(2) == 0: // data with the sum the leader adds
+			w.Hashes, w.Sums = append(w.Hashes, nil), append(w.Sums, h[:])
+			w.Data = append(w.Data, piece...)
+		default:
+			w.Hashes, w.Sums = append(w.Hashes, nil), append(w.Sums, nil)
 			w.Data = append(w.Data, piece...)
 		}
 		pos = next

@@ -695,12 +695,17 @@ type WriteCmd struct {
 	// create: with loc, create the regular file when it is missing (like
 	// open O_CREAT), with mode/uid/gid; truncate: cut it to zero length
 	// before writing. Together they make os.WriteFile one command.
-	Create        bool   `protobuf:"varint,8,opt,name=create,proto3" json:"create,omitempty"`
-	Truncate      bool   `protobuf:"varint,9,opt,name=truncate,proto3" json:"truncate,omitempty"`
-	Mode          uint32 `protobuf:"varint,10,opt,name=mode,proto3" json:"mode,omitempty"`
-	Uid           uint32 `protobuf:"varint,11,opt,name=uid,proto3" json:"uid,omitempty"`
-	Gid           uint32 `protobuf:"varint,12,opt,name=gid,proto3" json:"gid,omitempty"`
-	Excl          bool   `protobuf:"varint,13,opt,name=excl,proto3" json:"excl,omitempty"` // with create: EEXIST if the file exists
+	Create   bool   `protobuf:"varint,8,opt,name=create,proto3" json:"create,omitempty"`
+	Truncate bool   `protobuf:"varint,9,opt,name=truncate,proto3" json:"truncate,omitempty"`
+	Mode     uint32 `protobuf:"varint,10,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid      uint32 `protobuf:"varint,11,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid      uint32 `protobuf:"varint,12,opt,name=gid,proto3" json:"gid,omitempty"`
+	Excl     bool   `protobuf:"varint,13,opt,name=excl,proto3" json:"excl,omitempty"` // with create: EEXIST if the file exists
+	// sums, set only by the leader (a request that carries it is refused),
+	// goes with hashes, one entry per piece: a 32-byte entry is the SHA-256
+	// of that piece's bytes in data, which must be a whole aligned chunk, so
+	// that no replica hashes it again; an empty entry leaves it to them.
+	Sums          [][]byte `protobuf:"bytes,14,rep,name=sums,proto3" json:"sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -824,6 +829,13 @@ func (x *WriteCmd) GetExcl() bool {
 		return x.Excl
 	}
 	return false
+}
+
+func (x *WriteCmd) GetSums() [][]byte {
+	if x != nil {
+		return x.Sums
+	}
+	return nil
 }
 
 type MkdirCmd struct {
@@ -4286,7 +4298,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\texclusive\x18\x06 \x01(\bR\texclusive\x12\x12\n" +
 	"\x04wait\x18\a \x01(\bR\x04wait\"\"\n" +
 	"\bCloseCmd\x12\x16\n" +
-	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xb7\x02\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xcb\x02\n" +
 	"\bWriteCmd\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x1f\n" +
 	"\x03loc\x18\x02 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
@@ -4301,7 +4313,8 @@ const file_memfs_proto_rawDesc = "" +
 	" \x01(\rR\x04mode\x12\x10\n" +
 	"\x03uid\x18\v \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\f \x01(\rR\x03gid\x12\x12\n" +
-	"\x04excl\x18\r \x01(\bR\x04excl\"c\n" +
+	"\x04excl\x18\r \x01(\bR\x04excl\x12\x12\n" +
+	"\x04sums\x18\x0e \x03(\fR\x04sums\"c\n" +
 	"\bMkdirCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -99,6 +100,13 @@ func TestRejectsBadRequests(t *testing.T) {
 				_, err := cli.Join(ctx, &pb.JoinRequest{Version: pb.Version, Id: "n9"})
 				return err
 			}, codes.InvalidArgument, "raft_addr"},
+			{"apply with sums", func() error {
+				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: summedWrite()})
+				return err
+			}, codes.InvalidArgument, "sums"},
+			{"write stream with sums", func() error {
+				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: summedWrite()})
+			}, codes.InvalidArgument, "sums"},
 			{"huge message", func() error {
 				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: writeCmd("/x", 0, make([]byte, 2<<20))})
 				return err
@@ -113,6 +121,21 @@ func TestRejectsBadRequests(t *testing.T) {
 			})
 		}
 	}
+	// The refused writes with sums created nothing.
+	r, err := c.Client(leader.APIAddr()).Query(ctxTimeout(t, 10*time.Second), &pb.QueryRequest{Version: pb.Version,
+		Query: &pb.Query{Q: &pb.Query_Stat{Stat: &pb.StatQuery{Loc: &pb.Loc{Path: "/summed"}}}}})
+	require.NoError(t, err)
+	require.Equal(t, uint32(syscall.ENOENT), r.GetResult().GetErrno())
+}
+
+// summedWrite is a write that carries sums, which only a leader may add:
+// replicas would store its data under a hash it does not have.
+func summedWrite() *pb.Command {
+	data := make([]byte, 64<<10)
+	data[0] = 1
+	w := &pb.WriteCmd{Loc: &pb.Loc{Path: "/summed"}, Data: data, Create: true, Mode: 0o644,
+		Length: uint64(len(data)), Hashes: [][]byte{nil}, Sums: [][]byte{make([]byte, 32)}}
+	return &pb.Command{Op: &pb.Command_Write{Write: w}}
 }
 
 func recvErr(st grpc.ServerStreamingClient[pb.ReadFrame], err error) error {

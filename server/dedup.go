@@ -18,16 +18,16 @@ import (
 // sends the original write with its data under the same (session, seq).
 // docs/dedup.md has the whole story.
 
-// submit runs cmd through the batcher, sending a write's stored chunks by
-// hash when it can.
+// submit runs cmd through the batcher, with a write's whole chunks
+// hashed once, here, and its stored ones sent by hash when it can.
 func (n *Node) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
 	slim, saved := n.slimWrite(cmd)
 	if slim == nil {
 		return n.batcher.submit(ctx, cmd)
 	}
 	res, idx, err := n.batcher.submit(ctx, slim)
-	if err != nil || res.GetErrno() != uint32(syscall.EREMOTEIO) {
-		if err == nil {
+	if saved == 0 || err != nil || res.GetErrno() != uint32(syscall.EREMOTEIO) {
+		if err == nil && saved > 0 {
 			n.traffic.dedupBytes.Add(saved)
 			n.traffic.dedupCommands.Add(1)
 		}
@@ -39,14 +39,16 @@ func (n *Node) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64,
 	return n.batcher.submit(ctx, cmd)
 }
 
-// slimWrite returns cmd with every whole, chunk-aligned piece of its data
-// that the block store holds named by hash (the other pieces stay data, in
-// order), and the bytes so replaced; nil when nothing would be replaced.
-// It hashes each whole chunk once and nothing else. Appends are left
-// alone: their offset is known only when they apply.
+// slimWrite returns cmd cut into pieces at chunk boundaries: every whole,
+// aligned chunk goes by hash when the block store holds it, and otherwise
+// as data with its hash in sums, so that no replica hashes it again (the
+// other pieces stay data, in order). It also returns the bytes sent by
+// hash. It returns nil for a write without a whole chunk, and for an
+// append, whose offset is known only when it applies. It hashes each
+// whole chunk once and nothing else.
 func (n *Node) slimWrite(cmd *pb.Command) (*pb.Command, uint64) {
 	w := cmd.GetWrite()
-	if n.cfg.DisableWireDedup || w == nil || len(w.Hashes) > 0 || w.Append || w.Offset < 0 {
+	if w == nil || len(w.Hashes) > 0 || w.Append || w.Offset < 0 {
 		return nil, 0
 	}
 	cs := int64(n.fsm.ChunkSize())
@@ -55,30 +57,33 @@ func (n *Node) slimWrite(cmd *pb.Command) (*pb.Command, uint64) {
 		return nil, 0
 	}
 	end := off + int64(len(data))
-	hashes := make([][]byte, 0, (end-1)/cs-off/cs+1)
+	pieces := (end-1)/cs - off/cs + 1
+	hashes, sums := make([][]byte, 0, pieces), make([][]byte, 0, pieces)
 	var saved uint64
 	for pos := off; pos < end; {
 		next := min((pos/cs+1)*cs, end)
-		var h []byte
+		var h, sum []byte
 		if pos%cs == 0 && next-pos == cs {
-			if sum, ok := n.fsm.StoredChunk(data[pos-off : next-off]); ok {
-				h = sum
-				saved += uint64(cs)
+			hv, stored := n.fsm.StoredChunk(data[pos-off : next-off])
+			if stored && !n.cfg.DisableWireDedup {
+				h, saved = hv, saved+uint64(cs)
+			} else {
+				sum = hv
 			}
 		}
-		hashes = append(hashes, h)
+		hashes, sums = append(hashes, h), append(sums, sum)
 		pos = next
 	}
-	if saved == 0 {
-		return nil, 0
-	}
-	rest := make([]byte, 0, uint64(len(data))-saved)
-	for i, pos := 0, off; pos < end; i++ {
-		next := min((pos/cs+1)*cs, end)
-		if hashes[i] == nil {
-			rest = append(rest, data[pos-off:next-off]...)
+	rest := data
+	if saved > 0 {
+		rest = make([]byte, 0, uint64(len(data))-saved)
+		for i, pos := 0, off; pos < end; i++ {
+			next := min((pos/cs+1)*cs, end)
+			if hashes[i] == nil {
+				rest = append(rest, data[pos-off:next-off]...)
+			}
+			pos = next
 		}
-		pos = next
 	}
 	// Clone everything but the data, so that fields added to the command
 	// later travel too.
@@ -86,6 +91,6 @@ func (n *Node) slimWrite(cmd *pb.Command) (*pb.Command, uint64) {
 	slim := proto.Clone(cmd).(*pb.Command)
 	w.Data = data
 	sw := slim.GetWrite()
-	sw.Data, sw.Hashes, sw.Length = rest, hashes, uint64(len(data))
+	sw.Data, sw.Hashes, sw.Sums, sw.Length = rest, hashes, sums, uint64(len(data))
 	return slim, saved
 }

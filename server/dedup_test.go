@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memoryfs/memfs/fsm"
+	"github.com/memoryfs/memfs/fsm/block"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -231,8 +232,8 @@ func TestLeaderBudgetAppliesEverywhere(t *testing.T) {
 }
 
 // BenchmarkSlimWrite is the leader's whole dedup-on-the-wire cost for one
-// 1 MiB write: of unique data (16 hashes, nothing found, the command goes
-// unchanged) and of stored data (16 hashes and a by-hash command):
+// 1 MiB write: of unique data (16 hashes, nothing found, the data goes
+// with its sums) and of stored data (16 hashes and a by-hash command):
 //
 //	go test ./server/ -run '^$' -bench SlimWrite
 func BenchmarkSlimWrite(b *testing.B) {
@@ -251,16 +252,16 @@ func BenchmarkSlimWrite(b *testing.B) {
 			cmd := writeCmd("/g", 0, data)
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
-				slim, _ := n.slimWrite(cmd)
-				if (slim != nil) != stored {
-					b.Fatalf("slim %v, stored %v", slim != nil, stored)
+				if slim, saved := n.slimWrite(cmd); slim == nil || (saved > 0) != stored {
+					b.Fatalf("slim %v, saved %d, stored %v", slim != nil, saved, stored)
 				}
 			}
 		})
 	}
 }
 
-// TestSlimWrite checks which pieces the leader sends by hash, and that the
+// TestSlimWrite checks which pieces the leader sends by hash, which as
+// data with their sum, that each sum is its piece's hash, and that the
 // slim command keeps everything else of the original, which stays intact
 // for a resend.
 func TestSlimWrite(t *testing.T) {
@@ -273,23 +274,24 @@ func TestSlimWrite(t *testing.T) {
 	require.Zero(t, r[0].Errno, r[0].Message)
 	fresh := randomBytes(2*cs, 8)
 	mixed := append(append(append([]byte(nil), stored[:2*cs]...), fresh[:cs]...), stored[3*cs:]...)
+	edges := append(append(bytes.Repeat([]byte{1}, 10), stored[:cs]...), 2)
 	tests := []struct {
 		name    string
 		w       *pb.WriteCmd
 		disable bool
-		hashed  []bool // per piece; nil: no slim command
+		pieces  string // per piece: h by hash, s data with its sum, - data alone; "": no slim command
 	}{
-		{"all stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, false, []bool{true, true, true, true}},
-		{"mixed", &pb.WriteCmd{Handle: 9, Offset: 8 * cs, Data: mixed}, false, []bool{true, true, false, true}},
-		{"unaligned edges", &pb.WriteCmd{Loc: ft.Path("/g"), Offset: cs - 10, Data: append(append(bytes.Repeat([]byte{1}, 10), stored[:cs]...), 2)},
-			false, []bool{false, true, false}},
+		{"all stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, false, "hhhh"},
+		{"mixed", &pb.WriteCmd{Handle: 9, Offset: 8 * cs, Data: mixed}, false, "hhsh"},
+		{"unaligned edges", &pb.WriteCmd{Loc: ft.Path("/g"), Offset: cs - 10, Data: edges}, false, "-h-"},
 		{"create and truncate kept", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:2*cs], Create: true, Truncate: true, Mode: 0o600, Uid: 5, Gid: 6, Excl: true},
-			false, []bool{true, true}},
-		{"nothing stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh}, false, nil},
-		{"shorter than a chunk", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:cs-1]}, false, nil},
-		{"append", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored, Append: true}, false, nil},
-		{"already by hash", &pb.WriteCmd{Loc: ft.Path("/g"), Hashes: [][]byte{make([]byte, 32)}, Length: cs}, false, nil},
-		{"disabled", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, true, nil},
+			false, "hh"},
+		{"nothing stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh}, false, "ss"},
+		{"a partial last piece", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh[:cs+5]}, false, "s-"},
+		{"shorter than a chunk", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:cs-1]}, false, ""},
+		{"append", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored, Append: true}, false, ""},
+		{"already by hash", &pb.WriteCmd{Loc: ft.Path("/g"), Hashes: [][]byte{make([]byte, 32)}, Length: cs}, false, ""},
+		{"wire dedup disabled", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, true, "ssss"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -298,25 +300,37 @@ func TestSlimWrite(t *testing.T) {
 			orig := proto.Clone(cmd)
 			slim, saved := n.slimWrite(cmd)
 			require.True(t, proto.Equal(orig, cmd), "the original must stay intact for a resend")
-			if tc.hashed == nil {
+			if tc.pieces == "" {
 				require.Nil(t, slim)
 				return
 			}
 			sw := slim.GetWrite()
-			require.Len(t, sw.Hashes, len(tc.hashed))
+			require.Len(t, sw.Hashes, len(tc.pieces))
+			require.Len(t, sw.Sums, len(tc.pieces))
 			var want uint64
-			for i, h := range tc.hashed {
-				require.Equal(t, h, len(sw.Hashes[i]) > 0, "piece %d", i)
-				if h {
+			for i, kind := range tc.pieces {
+				lo := max(int64(i)*cs-tc.w.Offset%cs, 0)
+				hi := min(int64(i+1)*cs-tc.w.Offset%cs, int64(len(tc.w.Data)))
+				sum := block.Sum(tc.w.Data[lo:hi])
+				switch kind {
+				case 'h':
+					require.Equal(t, sum[:], sw.Hashes[i], "piece %d", i)
+					require.Empty(t, sw.Sums[i], "piece %d", i)
 					want += cs
+				case 's':
+					require.Empty(t, sw.Hashes[i], "piece %d", i)
+					require.Equal(t, sum[:], sw.Sums[i], "piece %d", i)
+				default:
+					require.Empty(t, sw.Hashes[i], "piece %d", i)
+					require.Empty(t, sw.Sums[i], "piece %d", i)
 				}
 			}
 			require.Equal(t, want, saved)
 			require.Equal(t, uint64(len(tc.w.Data)), sw.Length)
 			require.Equal(t, uint64(len(tc.w.Data))-saved, uint64(len(sw.Data)))
-			// Everything but data, hashes and length is the original's.
-			sw.Data, sw.Hashes, sw.Length = tc.w.Data, nil, 0
-			require.True(t, proto.Equal(orig, slim), "slim command differs beyond data and hashes")
+			// Everything but data, hashes, sums and length is the original's.
+			sw.Data, sw.Hashes, sw.Sums, sw.Length = tc.w.Data, nil, nil, 0
+			require.True(t, proto.Equal(orig, slim), "slim command differs beyond data, hashes and sums")
 		})
 	}
 }

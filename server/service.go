@@ -55,6 +55,11 @@ func checkCommand(c *pb.Command) error {
 	if c.Op == nil {
 		return badRequest("command has no operation")
 	}
+	if len(c.GetWrite().GetSums()) > 0 {
+		// Replicas trust sums as the hashes of the data: only the leader,
+		// which computed them, may put them in the log.
+		return badRequest("write carries sums, which only the leader sets")
+	}
 	return nil
 }
 
