@@ -201,6 +201,9 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 		// Only sums, which fit chunks it no longer covers: the data alone
 		// is the write (a handle opened O_APPEND, which the leader that
 		// cut the pieces cannot see).
+		if uint64(len(x.Data)) != x.Length {
+			return nil, errf(syscall.EINVAL, "%d bytes of data for a write of %d", len(x.Data), x.Length)
+		}
 		x = &pb.WriteCmd{Data: x.Data}
 	}
 	p, length, err := t.planData(n, off, x)
