@@ -132,7 +132,7 @@ func BenchmarkRaftCeiling(b *testing.B) {
 // machine, apart from anything MemoryFS does (docs/benchmarks.md, "GC
 // headroom").
 func BenchmarkRaftCeilingKeep(b *testing.B) {
-	defer heapgoal.Start(256<<20, slog.New(slog.DiscardHandler)).Stop()
+	defer heapgoal.Start(256<<20, heapgoal.DefaultMax, slog.New(slog.DiscardHandler)).Stop()
 	benchCeiling(b, []string{LogStoreBolt}, func() raft.FSM { return &keepFSM{} })
 }
 

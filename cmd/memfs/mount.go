@@ -20,6 +20,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/fuse"
+	"github.com/memoryfs/memfs/internal/heapgoal"
 )
 
 var mountFlags struct {
@@ -110,6 +111,10 @@ func dataCacheOption(n int64) int64 {
 	return n
 }
 
+// mountHeadroom is how far the mount's heap may grow past its live data
+// before a collection (internal/heapgoal; docs/fuse.md).
+const mountHeadroom = 128 << 20
+
 func runMount(cmd *cobra.Command, args []string) error {
 	if err := fuse.CheckBinding(mountFlags.binding); err != nil {
 		return usageError{fmt.Errorf("--binding %w", err)}
@@ -118,12 +123,12 @@ func runMount(cmd *cobra.Command, args []string) error {
 		return startMountDaemon(cmd, args[0])
 	}
 	// A mount allocates for every request; fewer collections speed up
-	// reads (the Go default is 100). The data cache is live memory that
-	// GOGC=400 would let the heap grow to five times, so a soft limit
-	// keeps the heap near twice it.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400)
-	}
+	// metadata work (the Go default is 100), so a small heap runs at 400.
+	// The data cache is live memory, though, and every byte of headroom
+	// past it is memory a cold read touches for the first time: the heap
+	// may grow only mountHeadroom past its live data, and a soft limit
+	// caps it in any case.
+	defer heapgoal.Start(mountHeadroom, 400, slog.Default()).Stop()
 	heap := 2*int64(mountFlags.dataCache) + 256<<20
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(heap)

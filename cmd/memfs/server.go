@@ -112,7 +112,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		// Without a headroom (GOGC=100) the heap reaches twice the data it holds.
 		reserveHugePages(logger, 2*limit)
 	}
-	defer heapgoal.Start(headroom, logger).Stop()
+	defer heapgoal.Start(headroom, heapgoal.DefaultMax, logger).Stop()
 	var chunk uint64
 	if sf.chunkSize != "" {
 		if chunk, err = parseSize(sf.chunkSize); err != nil {

@@ -14,8 +14,9 @@
 //
 // After each collection the tuner sets GOGC to headroom/live, clamped, so
 // the next goal is about live+headroom. While the live heap is small (a
-// metadata-heavy tree) the percentage stays at its maximum and the
-// collector runs no more often than with the default.
+// metadata-heavy tree) the percentage stays at its maximum (the runtime's
+// default for a node, more for a mount, which allocates for every request)
+// and the collector runs no more often than it would at that setting.
 //
 // The package never sets a memory limit and never overrides a GOGC the
 // operator set in the environment; it changes nothing but the GC percent.
@@ -30,34 +31,31 @@ import (
 	"sync"
 )
 
-// Bounds of the percentage the tuner sets. MaxPercent is the runtime's
-// default: with a small live heap the tuner behaves like no tuner. MinPercent
-// caps how often a node with a very large heap collects.
+// Bounds of the percentage the tuner sets. DefaultMax is the runtime's
+// default: with a small live heap the tuner then behaves like no tuner.
+// MinPercent caps how often a process with a very large heap collects.
 const (
 	MinPercent = 10
-	MaxPercent = 100
+	DefaultMax = 100
 )
 
 // liveMetric is the heap marked live by the last collection.
 const liveMetric = "/gc/heap/live:bytes"
 
-// Percent is the GC percent that puts the next heap goal about headroom
-// above a live heap of the given size.
-func Percent(live, headroom uint64) int {
-	if live == 0 || headroom >= live {
-		return MaxPercent
+// Percent is the GC percent, at most most, that puts the next heap goal
+// about headroom above a live heap of the given size.
+func Percent(live, headroom uint64, most int) int {
+	if live == 0 || headroom >= live*uint64(most)/100 {
+		return most
 	}
-	p := headroom * 100 / live
-	if p < MinPercent {
-		return MinPercent
-	}
-	return int(p)
+	return int(max(headroom*100/live, MinPercent))
 }
 
 // Tuner adjusts GOGC after every collection until Stop.
 type Tuner struct {
-	headroom uint64
-	sample   []metrics.Sample // only the cleanup goroutine reads into it
+	headroom   uint64
+	most, prev int              // the highest percent; the percent before Start
+	sample     []metrics.Sample // only the cleanup goroutine reads into it
 
 	mu      sync.Mutex // orders a cycle's update against Stop
 	stopped bool
@@ -69,9 +67,10 @@ type Tuner struct {
 // (which would delay its cleanup until they die too).
 type sentinel struct{ _ *int }
 
-// Start begins tuning with the given headroom. It returns nil, and changes
-// nothing, when headroom is 0 or GOGC is set in the environment.
-func Start(headroom uint64, log *slog.Logger) *Tuner {
+// Start sets the GC percent to most and begins tuning with the given
+// headroom. It returns nil, and changes nothing, when headroom is 0 or
+// GOGC is set in the environment.
+func Start(headroom uint64, most int, log *slog.Logger) *Tuner {
 	if headroom == 0 {
 		return nil
 	}
@@ -79,10 +78,10 @@ func Start(headroom uint64, log *slog.Logger) *Tuner {
 		log.Info("GC headroom not tuned: GOGC is set", "GOGC", v)
 		return nil
 	}
-	t := &Tuner{headroom: headroom, sample: []metrics.Sample{{Name: liveMetric}}}
-	t.set = MaxPercent
+	t := &Tuner{headroom: headroom, most: most, set: most, sample: []metrics.Sample{{Name: liveMetric}}}
+	t.prev = debug.SetGCPercent(most)
 	t.arm()
-	log.Info("GC headroom tuned", "headroom", headroom)
+	log.Info("GC headroom tuned", "headroom", headroom, "max_percent", most)
 	return t
 }
 
@@ -100,7 +99,7 @@ func (t *Tuner) afterGC() {
 		return
 	}
 	if t.sample[0].Value.Kind() == metrics.KindUint64 {
-		if p := Percent(t.sample[0].Value.Uint64(), t.headroom); p != t.set {
+		if p := Percent(t.sample[0].Value.Uint64(), t.headroom, t.most); p != t.set {
 			debug.SetGCPercent(p)
 			t.set = p
 		}
@@ -115,7 +114,7 @@ func (t *Tuner) Percent() int {
 	return t.set
 }
 
-// Stop ends tuning and puts the runtime's default percent back.
+// Stop ends tuning and puts back the percent from before Start.
 func (t *Tuner) Stop() {
 	if t == nil {
 		return
@@ -124,6 +123,6 @@ func (t *Tuner) Stop() {
 	defer t.mu.Unlock()
 	if !t.stopped {
 		t.stopped = true
-		debug.SetGCPercent(MaxPercent)
+		debug.SetGCPercent(t.prev)
 	}
 }
