@@ -321,7 +321,9 @@ func startUpMount(ctx context.Context, dir string, addrs []string, out io.Writer
 		return nil, fmt.Errorf("mount: %w", err)
 	}
 	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s)\n", m.Dir(), m.Dir())
+	gc := heapgoal.Start(mountHeadroom, 400, slog.Default()) // as `memfs mount` runs
 	return func() {
+		defer gc.Stop()
 		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := m.Unmount(uctx); err != nil {
