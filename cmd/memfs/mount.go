@@ -115,6 +115,16 @@ func dataCacheOption(n int64) int64 {
 // before a collection (internal/heapgoal; docs/fuse.md).
 const mountHeadroom = 128 << 20
 
+// tuneMountGC sets the GC of a process that serves a mount: a mount
+// allocates for every request, and fewer collections speed up metadata
+// work (the Go default is 100), so a small heap runs at 400. The data cache
+// is live memory, though, and every byte of headroom past it is memory a
+// cold read touches for the first time: the heap may grow only
+// mountHeadroom past its live data.
+func tuneMountGC() *heapgoal.Tuner {
+	return heapgoal.Start(mountHeadroom, 400, slog.Default())
+}
+
 func runMount(cmd *cobra.Command, args []string) error {
 	if err := fuse.CheckBinding(mountFlags.binding); err != nil {
 		return usageError{fmt.Errorf("--binding %w", err)}
@@ -122,13 +132,8 @@ func runMount(cmd *cobra.Command, args []string) error {
 	if mountFlags.daemon && os.Getenv(mountChildEnv) == "" {
 		return startMountDaemon(cmd, args[0])
 	}
-	// A mount allocates for every request; fewer collections speed up
-	// metadata work (the Go default is 100), so a small heap runs at 400.
-	// The data cache is live memory, though, and every byte of headroom
-	// past it is memory a cold read touches for the first time: the heap
-	// may grow only mountHeadroom past its live data, and a soft limit
-	// caps it in any case.
-	defer heapgoal.Start(mountHeadroom, 400, slog.Default()).Stop()
+	// A soft limit caps the heap whatever the tuner allows.
+	defer tuneMountGC().Stop()
 	heap := 2*int64(mountFlags.dataCache) + 256<<20
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(heap)
@@ -321,7 +326,7 @@ func startUpMount(ctx context.Context, dir string, addrs []string, out io.Writer
 		return nil, fmt.Errorf("mount: %w", err)
 	}
 	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s)\n", m.Dir(), m.Dir())
-	gc := heapgoal.Start(mountHeadroom, 400, slog.Default()) // as `memfs mount` runs
+	gc := tuneMountGC()
 	return func() {
 		defer gc.Stop()
 		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
