@@ -2,6 +2,7 @@ package fsops
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -55,10 +56,9 @@ type openFile struct {
 	buf    []byte // guarded by mu: collected data not yet sent
 	bufOff int64  // guarded by mu: file offset of buf[0]
 
-	slots    chan struct{}  // one token per commit in flight
-	inflight sync.WaitGroup // commits in flight
-	pending  atomic.Int64   // bytes acknowledged but not yet committed
-	ranges   []*flightRange // guarded by mu: the commits in flight
+	slots   chan struct{}  // one token per commit in flight
+	pending atomic.Int64   // bytes acknowledged but not yet committed
+	ranges  []*flightRange // guarded by mu: the commits in flight
 
 	errMu sync.Mutex
 	err   error // guarded by errMu: first background commit failure
@@ -196,7 +196,7 @@ func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
 	o.sendBuffered(f)
 	if len(data) > writeBuf {
 		// Written synchronously: nothing in flight may land on it later.
-		f.inflight.Wait()
+		f.waitInflight()
 		return false
 	}
 	f.mu.Lock()
@@ -224,16 +224,16 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 		f.sendMu.Unlock()
 		return
 	}
-	r := f.claim(off, off+int64(len(buf)))
 	f.slots <- struct{}{}
-	f.inflight.Add(1)
+	r := f.claim(off, off+int64(len(buf)))
 	f.sendMu.Unlock()
 	go func() {
 		defer func() {
-			f.release(r)
+			// The range goes last: a drain waiting on it then finds the
+			// bytes no longer pending and the slot free.
 			f.pending.Add(-int64(len(buf)))
 			<-f.slots
-			f.inflight.Done()
+			f.release(r)
 		}()
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
@@ -290,7 +290,21 @@ func (f *openFile) release(r *flightRange) {
 // drain sends f's buffer and waits until nothing of f is in flight.
 func (o *ClientOps) drain(f *openFile) {
 	o.sendBuffered(f)
-	f.inflight.Wait()
+	f.waitInflight()
+}
+
+// waitInflight waits for every commit in flight when it is called. It
+// waits on the commits' own ranges rather than a counter: drains on
+// several threads while other threads keep starting commits are the normal
+// case (fio with several jobs on one file), and a sync.WaitGroup may not be
+// waited on while it is being reused.
+func (f *openFile) waitInflight() {
+	f.mu.Lock()
+	rs := slices.Clone(f.ranges)
+	f.mu.Unlock()
+	for _, r := range rs {
+		<-r.done
+	}
 }
 
 func (f *openFile) setErr(err error) {
