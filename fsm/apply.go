@@ -18,6 +18,10 @@ type tx struct {
 	ev        *changes            // nil when nobody watches
 	fresh     map[uint64]*inode   // inodes copied in this entry, safe to change in place
 	freshSess map[uint64]*session // sessions likewise
+	// cmdSession is the session of the command being applied: its own
+	// capabilities never stand in its way.
+	cmdSession uint64
+	capsGone   bool // some capability went away in this entry
 }
 
 func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
@@ -35,6 +39,7 @@ func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
 type changes struct {
 	inodes  []uint64
 	entries []*pb.Dirent
+	recalls []*pb.Recall
 }
 
 func (t *tx) touch(ino uint64) {
@@ -53,7 +58,7 @@ func (t *tx) entryChanged(parent uint64, name string) {
 // in the order they changed.
 func (c *changes) event(index uint64) *pb.WatchEvent {
 	slices.Sort(c.inodes)
-	return &pb.WatchEvent{Index: index, Inodes: slices.Compact(c.inodes), Entries: c.entries}
+	return &pb.WatchEvent{Index: index, Inodes: slices.Compact(c.inodes), Entries: c.entries, Recalls: c.recalls}
 }
 
 // orEmpty lets handlers read a missing sub-message as an empty one.
@@ -91,7 +96,15 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 		}
 		sess.prune(c.Ack)
 	}
+	t.cmdSession = c.Session
 	r, err := t.exec(c, sess)
+	if err == errRecall {
+		// Not recorded either: the node applies it again when the
+		// capabilities are gone, under the same (session, seq).
+		r = errResult(err)
+		r.Recall = true
+		return r
+	}
 	if err != nil {
 		r = errResult(err)
 	} else if r == nil {
@@ -135,6 +148,10 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.removeXattr(orEmpty(op.RemoveXattr))
 	case *pb.Command_Clone:
 		return t.clone(orEmpty(op.Clone))
+	case *pb.Command_Grant:
+		return t.grantCaps(orEmpty(op.Grant), sess)
+	case *pb.Command_Release:
+		return t.releaseCaps(orEmpty(op.Release), sess)
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")
@@ -287,4 +304,5 @@ func (t *tx) endSession(id uint64) {
 	}
 	t.sessions.del(u64key(id))
 	delete(t.freshSess, id)
+	t.dropCaps(id, 0)
 }

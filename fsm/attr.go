@@ -57,6 +57,9 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 	if x.Valid == 0 {
 		return &pb.Result{Attr: n.attr()}, nil
 	}
+	if err := t.guard(n.ino); err != nil {
+		return nil, err
+	}
 	m := t.mut(n)
 	t.setTimesAndOwner(m, x)
 	if has(x.Valid, pb.SetAttrBit_SET_SIZE) {
@@ -148,6 +151,9 @@ func (t *tx) setXattr(x *pb.SetXattrCmd) (*pb.Result, error) {
 	if total > maxXattrTotal {
 		return nil, errf(syscall.ENOSPC, "xattrs of inode %d would take %d bytes", n.ino, total)
 	}
+	if err := t.guard(n.ino); err != nil {
+		return nil, err
+	}
 	a := xattr{name: strings.Clone(x.Name), value: bytes.Clone(x.Value)}
 	if a.value == nil {
 		a.value = []byte{}
@@ -173,6 +179,9 @@ func (t *tx) removeXattr(x *pb.RemoveXattrCmd) (*pb.Result, error) {
 	i, found := findXattr(n.xattrs(), x.Name)
 	if !found {
 		return nil, errf(syscall.ENODATA, "xattr %q", x.Name)
+	}
+	if err := t.guard(n.ino); err != nil {
+		return nil, err
 	}
 	t.setXattrs(n, slices.Delete(slices.Clone(n.xattrs()), i, i+1))
 	return &pb.Result{}, nil

@@ -216,6 +216,9 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 	if err := t.fits(&p); err != nil {
 		return nil, err
 	}
+	if err := t.guard(n.ino); err != nil {
+		return nil, err
+	}
 	return t.commitWrite(n, &p, off, length), nil
 }
 
@@ -304,6 +307,14 @@ func (t *tx) writeFile(x *pb.WriteCmd) (*pb.Result, error) {
 	}
 	both := plan{ops: append(append([]chunkOp(nil), trunc.ops...), p.ops...)}
 	if err := t.fits(&both); err != nil {
+		return nil, err
+	}
+	if n == nil {
+		err = t.guard(r.dir.ino)
+	} else {
+		err = t.guard(n.ino)
+	}
+	if err != nil {
 		return nil, err
 	}
 	// Validated: from here on nothing fails.

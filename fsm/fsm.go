@@ -21,7 +21,8 @@ type FSM struct {
 	cur atomic.Pointer[state] // the published state; never modified
 
 	mu      sync.Mutex
-	changed chan struct{} // closed and replaced at each publish; guarded by mu
+	changed  chan struct{} // closed and replaced at each publish; guarded by mu
+	capsGone chan struct{} // closed and replaced at a publish that dropped capabilities; guarded by mu
 }
 
 // New returns an empty file system holding only the root directory.
@@ -33,7 +34,7 @@ func New(cfg Config) (*FSM, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &FSM{cfg: cfg, changed: make(chan struct{})}
+	f := &FSM{cfg: cfg, changed: make(chan struct{}), capsGone: make(chan struct{})}
 	f.cur.Store(s)
 	return f, nil
 }
@@ -73,11 +74,18 @@ func (f *FSM) Apply(index uint64, e *pb.Entry) []*pb.Result {
 	}
 	t := begin(cur, index, e.GetTimeNs(), f.cfg.OnChange != nil)
 	t.expireSessions()
+	t.revokeDue()
 	for i, c := range e.GetCommands() {
 		res[i] = t.safeCommand(c)
 	}
 	t.commit()
 	f.publish(&t.state)
+	if t.capsGone {
+		f.mu.Lock()
+		close(f.capsGone)
+		f.capsGone = make(chan struct{})
+		f.mu.Unlock()
+	}
 	if f.cfg.OnChange != nil {
 		f.cfg.OnChange(t.ev.event(index))
 	}

@@ -19,6 +19,7 @@ type logGen struct {
 	time     int64
 	sessions []uint64 // ids the log may use (some expired)
 	handles  []uint64 // ids handed out so far
+	grants   []uint64 // epochs of grants so far
 	seq      map[uint64]uint64
 }
 
@@ -64,7 +65,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(22) {
+	switch g.rng.IntN(24) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -111,6 +112,18 @@ func (g *logGen) command() *pb.Command {
 		c = ft.Chmod(g.path(), uint32(g.rng.IntN(0o10000)))
 	case 20:
 		c = ft.SetAttr(ft.Path(g.path()), &pb.SetAttrCmd{Valid: uint32(g.rng.IntN(256)), Size: int64(g.rng.IntN(3 * cs)), MtimeNs: g.rng.Int64()})
+	case 21:
+		inos := make([]uint64, 1+g.rng.IntN(4))
+		for i := range inos {
+			inos[i] = 1 + uint64(g.rng.IntN(40))
+		}
+		c = ft.Grant(g.rng.IntN(2) == 0, inos...)
+	case 22:
+		epoch := uint64(g.rng.IntN(5))
+		if len(g.grants) > 0 && g.rng.IntN(4) != 0 {
+			epoch = g.grants[g.rng.IntN(len(g.grants))]
+		}
+		c = ft.Release(1+uint64(g.rng.IntN(40)), epoch)
 	default:
 		c = ft.Tick()
 	}
@@ -157,6 +170,10 @@ func (g *logGen) observe(e *pb.Entry, res []*pb.Result) {
 		case *pb.Command_Open:
 			if r.Handle != 0 {
 				g.handles = append(g.handles, r.Handle)
+			}
+		case *pb.Command_Grant:
+			if r.Epoch != 0 {
+				g.grants = append(g.grants, r.Epoch)
 			}
 		case *pb.Command_CloseSession:
 			if r.Errno == 0 {

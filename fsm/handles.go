@@ -65,6 +65,16 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 			queued = true
 		}
 	}
+	switch {
+	case n == nil:
+		if err := t.guard(create.dir.ino); err != nil {
+			return nil, err
+		}
+	case !queued && flags&oTrunc != 0 && n.isReg() && n.size > 0:
+		if err := t.guard(n.ino); err != nil {
+			return nil, err
+		}
+	}
 	// Validated: from here on nothing fails.
 	if n == nil {
 		n = t.newInode(modeReg|x.Mode&modePerm, x.Uid, x.Gid)

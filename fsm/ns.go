@@ -95,8 +95,13 @@ func (t *tx) dropLink(n *inode) {
 	} else {
 		n.nlink--
 	}
-	if n.nlink == 0 && n.opens == 0 {
-		t.freeInode(n)
+	if n.nlink == 0 {
+		// Nobody may hold on to an inode without a name: the holder's
+		// own capability goes too.
+		t.dropCaps(0, n.ino)
+		if n.opens == 0 {
+			t.freeInode(n)
+		}
 	}
 }
 
@@ -121,11 +126,15 @@ func (t *tx) freeInode(n *inode) {
 	t.locks.del(u64key(n.ino))
 	t.ninodes--
 	t.touch(n.ino)
+	t.dropCaps(0, n.ino)
 }
 
 func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 	r, err := t.newEntry(x.Loc, false)
 	if err != nil {
+		return nil, err
+	}
+	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
 	n := t.newInode(modeDir|x.Mode&modePerm, x.Uid, x.Gid)
@@ -145,6 +154,9 @@ func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
 	}
 	r, err := t.newEntry(x.Loc, false)
 	if err != nil {
+		return nil, err
+	}
+	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
 	n := t.newInode(modeLnk|0o777, x.Uid, x.Gid)
@@ -171,6 +183,9 @@ func (t *tx) link(x *pb.LinkCmd) (*pb.Result, error) {
 	case src.nlink >= maxLinks:
 		return nil, errf(syscall.EMLINK, "%s has %d links", locString(x.Src), src.nlink)
 	}
+	if err := t.guard(src.ino, r.dir.ino); err != nil {
+		return nil, err
+	}
 	n := t.mut(src)
 	n.nlink++
 	n.ctime = t.now
@@ -196,6 +211,9 @@ func (t *tx) remove(x *pb.RemoveCmd) (*pb.Result, error) {
 		}
 	} else if x.DirOnly {
 		return nil, errf(syscall.ENOTDIR, "rmdir %s", locString(x.Loc))
+	}
+	if err := t.guard(r.dir.ino, n.ino); err != nil {
+		return nil, err
 	}
 	t.removeEntry(r.dir, r.name, n)
 	t.dropLink(n)
@@ -225,6 +243,13 @@ func (t *tx) rename(x *pb.RenameCmd) (*pb.Result, error) {
 		return &pb.Result{Attr: s.attr()}, nil // POSIX: same file, nothing to do
 	}
 	if err := t.renameCheck(s, d, sr, dr, x); err != nil {
+		return nil, err
+	}
+	moved := []uint64{sr.dir.ino, dr.dir.ino, s.ino}
+	if d != nil {
+		moved = append(moved, d.ino)
+	}
+	if err := t.guard(moved...); err != nil {
 		return nil, err
 	}
 	if d != nil {
@@ -296,6 +321,9 @@ func (t *tx) clone(x *pb.CloneCmd) (*pb.Result, error) {
 		if t.within(r.dir, src.ino) {
 			return nil, errf(syscall.EINVAL, "clone %s into itself", locString(x.Src))
 		}
+	}
+	if err := t.guard(r.dir.ino); err != nil {
+		return nil, err
 	}
 	c := cloner{t: t, seen: map[uint64]uint64{}}
 	ino := c.copy(src, r.dir, r.name)

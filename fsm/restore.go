@@ -188,7 +188,7 @@ func (rs *restorer) end(p []byte) error {
 }
 
 // order is the record kinds in the order they must come.
-const order = "HSFLUIDB"
+const order = "HSFLCUIDB"
 
 func isChunk(kind byte) bool { return kind == recBlock || kind == recRef || kind == recExtern }
 
@@ -228,6 +228,8 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 		return rs.handle(d)
 	case recLock:
 		return rs.lock(d)
+	case recCap:
+		return rs.capab(d)
 	case recDup:
 		return rs.dup(d)
 	case recInode:
@@ -299,6 +301,14 @@ func (rs *restorer) lock(d *dec) error {
 		return err
 	}
 	return putNew(rs, &rs.s.locks, u64key(ino), l)
+}
+
+func (rs *restorer) capab(d *dec) error {
+	c := &capab{ino: d.u(), session: d.u(), epoch: d.u(), revokeAt: d.i()}
+	if err := d.done(); err != nil {
+		return err
+	}
+	return putNew(rs, &rs.s.caps, pairKey(c.ino, c.session), c)
 }
 
 func (rs *restorer) dup(d *dec) error {

@@ -19,7 +19,8 @@ import (
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
-//	  'S' session, 'F' handle, 'L' exclusive-open state, 'U' recorded result
+//	  'S' session, 'F' handle, 'L' exclusive-open state, 'C' capability,
+//	  'U' recorded result
 //	  'I' inode, 'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
 //	  'R' chunk naming a block already written, by hash
@@ -40,6 +41,7 @@ const (
 	recSession = 'S'
 	recHandle  = 'F'
 	recLock    = 'L'
+	recCap     = 'C'
 	recDup     = 'U'
 	recInode   = 'I'
 	recDirent  = 'D'
@@ -121,6 +123,10 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 			e.u(id)
 		}
 		sw.record(recLock, e.b, nil)
+		return sw.err != nil
+	})
+	s.caps.root().Walk(func(_ []byte, c *capab) bool {
+		sw.record(recCap, e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).b, nil)
 		return sw.err != nil
 	})
 	mo := proto.MarshalOptions{Deterministic: true}

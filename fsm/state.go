@@ -233,6 +233,8 @@ type state struct {
 	ninodes     uint64
 	logical     uint64 // sum of regular file sizes
 	minLease    int64  // no lease ends before this (0: no sessions); derived
+	minRevoke   int64  // no recalled capability is revoked before this (0: none); derived
+	ncaps       uint64 // capabilities held; derived
 	chunkSize   uint64
 	blocks      *block.Store
 
@@ -242,6 +244,7 @@ type state struct {
 	handles  tab[*handle]      // handle id -> handle
 	locks    tab[*xlock]       // ino -> exclusive-open state
 	sessions tab[*session]     // session id -> session
+	caps     tab[*capab]       // ino + session id -> capability
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -250,6 +253,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		chunkSize: uint64(chunkSize), blocks: blocks,
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
+		caps: newTab[*capab](),
 	}
 }
 
@@ -260,6 +264,7 @@ func (s *state) commit() {
 	s.handles.commit()
 	s.locks.commit()
 	s.sessions.commit()
+	s.caps.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

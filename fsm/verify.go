@@ -33,6 +33,9 @@ func verify(s *state) error {
 	if err := verifySessions(s); err != nil {
 		return err
 	}
+	if err := verifyCaps(s); err != nil {
+		return err
+	}
 	s.commit()
 	return nil
 }
@@ -253,6 +256,29 @@ func verifyReachable(s *state) error {
 		return badSnap("%d named directories, %d reachable from the root", named, seen)
 	}
 	return nil
+}
+
+// verifyCaps checks that every capability names a live session and a
+// linked inode, and counts them.
+func verifyCaps(s *state) error {
+	var err error
+	s.caps.root().Walk(func(_ []byte, c *capab) bool {
+		n := s.inode(c.ino)
+		switch {
+		case s.session(c.session) == nil:
+			err = badSnap("capability on %d of unknown session %d", c.ino, c.session)
+		case n == nil || n.nlink == 0:
+			err = badSnap("capability of session %d on missing inode %d", c.session, c.ino)
+		case c.epoch == 0 || c.epoch > s.index || c.revokeAt < 0:
+			err = badSnap("capability of session %d on %d: epoch %d at index %d", c.session, c.ino, c.epoch, s.index)
+		}
+		s.ncaps++
+		if c.revokeAt != 0 && (s.minRevoke == 0 || c.revokeAt < s.minRevoke) {
+			s.minRevoke = c.revokeAt
+		}
+		return err != nil
+	})
+	return err
 }
 
 func verifySessions(s *state) error {

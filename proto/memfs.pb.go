@@ -1604,6 +1604,165 @@ func (*TickCmd) Descriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{19}
 }
 
+// GrantCmd asks for shared capabilities on inodes for the command's session
+// (docs/protocol.md, "Capabilities"). A capability lets its holder cache the
+// inode's attributes and data and, for a directory, its complete listing:
+// no other session's command changes the inode until the holder released
+// it or lost it. with_entries also grants one on every entry of each
+// directory in inos, so that a listing read after the grant is covered
+// whole. The result carries the grant's epoch (its log index) and the
+// inodes that were not granted (refused).
+type GrantCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Inos          []uint64               `protobuf:"varint,1,rep,packed,name=inos,proto3" json:"inos,omitempty"`
+	WithEntries   bool                   `protobuf:"varint,2,opt,name=with_entries,json=withEntries,proto3" json:"with_entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantCmd) Reset() {
+	*x = GrantCmd{}
+	mi := &file_memfs_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantCmd) ProtoMessage() {}
+
+func (x *GrantCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantCmd.ProtoReflect.Descriptor instead.
+func (*GrantCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GrantCmd) GetInos() []uint64 {
+	if x != nil {
+		return x.Inos
+	}
+	return nil
+}
+
+func (x *GrantCmd) GetWithEntries() bool {
+	if x != nil {
+		return x.WithEntries
+	}
+	return false
+}
+
+// CapRef names one capability: its inode and the epoch it was granted at.
+type CapRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapRef) Reset() {
+	*x = CapRef{}
+	mi := &file_memfs_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapRef) ProtoMessage() {}
+
+func (x *CapRef) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapRef.ProtoReflect.Descriptor instead.
+func (*CapRef) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CapRef) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *CapRef) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// ReleaseCmd gives capabilities back. A reference whose epoch is not the
+// one held (an older grant, or one already revoked) releases nothing.
+type ReleaseCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caps          []*CapRef              `protobuf:"bytes,1,rep,name=caps,proto3" json:"caps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseCmd) Reset() {
+	*x = ReleaseCmd{}
+	mi := &file_memfs_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseCmd) ProtoMessage() {}
+
+func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
+func (*ReleaseCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReleaseCmd) GetCaps() []*CapRef {
+	if x != nil {
+		return x.Caps
+	}
+	return nil
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -1627,6 +1786,8 @@ type Command struct {
 	//	*Command_SetXattr
 	//	*Command_RemoveXattr
 	//	*Command_Clone
+	//	*Command_Grant
+	//	*Command_Release
 	//	*Command_OpenSession
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
@@ -1638,7 +1799,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[20]
+	mi := &file_memfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1811,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[20]
+	mi := &file_memfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1824,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{20}
+	return file_memfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -1802,6 +1963,24 @@ func (x *Command) GetClone() *CloneCmd {
 	return nil
 }
 
+func (x *Command) GetGrant() *GrantCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Grant); ok {
+			return x.Grant
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRelease() *ReleaseCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetOpenSession() *OpenSessionCmd {
 	if x != nil {
 		if x, ok := x.Op.(*Command_OpenSession); ok {
@@ -1890,6 +2069,14 @@ type Command_Clone struct {
 	Clone *CloneCmd `protobuf:"bytes,21,opt,name=clone,proto3,oneof"`
 }
 
+type Command_Grant struct {
+	Grant *GrantCmd `protobuf:"bytes,22,opt,name=grant,proto3,oneof"`
+}
+
+type Command_Release struct {
+	Release *ReleaseCmd `protobuf:"bytes,23,opt,name=release,proto3,oneof"`
+}
+
 type Command_OpenSession struct {
 	OpenSession *OpenSessionCmd `protobuf:"bytes,30,opt,name=open_session,json=openSession,proto3,oneof"`
 }
@@ -1930,6 +2117,10 @@ func (*Command_RemoveXattr) isCommand_Op() {}
 
 func (*Command_Clone) isCommand_Op() {}
 
+func (*Command_Grant) isCommand_Op() {}
+
+func (*Command_Release) isCommand_Op() {}
+
 func (*Command_OpenSession) isCommand_Op() {}
 
 func (*Command_KeepAlive) isCommand_Op() {}
@@ -1958,7 +2149,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[21]
+	mi := &file_memfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2161,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[21]
+	mi := &file_memfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2174,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{21}
+	return file_memfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2020,30 +2211,37 @@ func (x *Entry) GetMemoryLimit() uint64 {
 // out (open a new one); EREMOTEIO (121) a block named by hash in a WriteCmd
 // is not stored (resend the data).
 type Result struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Errno         uint32                 `protobuf:"varint,1,opt,name=errno,proto3" json:"errno,omitempty"`
-	Attr          *Attr                  `protobuf:"bytes,2,opt,name=attr,proto3" json:"attr,omitempty"`
-	Handle        uint64                 `protobuf:"varint,3,opt,name=handle,proto3" json:"handle,omitempty"`
-	N             uint64                 `protobuf:"varint,4,opt,name=n,proto3" json:"n,omitempty"` // bytes written
-	Session       uint64                 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
-	Queued        bool                   `protobuf:"varint,6,opt,name=queued,proto3" json:"queued,omitempty"` // exclusive open waiting in line
-	Data          []byte                 `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`      // read data, xattr value
-	Entries       []*Dirent              `protobuf:"bytes,8,rep,name=entries,proto3" json:"entries,omitempty"`
-	Target        string                 `protobuf:"bytes,9,opt,name=target,proto3" json:"target,omitempty"` // readlink
-	Statfs        *Statfs                `protobuf:"bytes,10,opt,name=statfs,proto3" json:"statfs,omitempty"`
-	Names         []string               `protobuf:"bytes,11,rep,name=names,proto3" json:"names,omitempty"`     // listxattr
-	Cookie        string                 `protobuf:"bytes,12,opt,name=cookie,proto3" json:"cookie,omitempty"`   // readdir: resume after this name
-	Eof           bool                   `protobuf:"varint,13,opt,name=eof,proto3" json:"eof,omitempty"`        // readdir: no more entries; read: hit end of file
-	Message       string                 `protobuf:"bytes,14,opt,name=message,proto3" json:"message,omitempty"` // detail for humans on error
-	Usage         *TreeUsage             `protobuf:"bytes,15,opt,name=usage,proto3" json:"usage,omitempty"`     // du
-	LeaseMs       int64                  `protobuf:"varint,16,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Errno   uint32                 `protobuf:"varint,1,opt,name=errno,proto3" json:"errno,omitempty"`
+	Attr    *Attr                  `protobuf:"bytes,2,opt,name=attr,proto3" json:"attr,omitempty"`
+	Handle  uint64                 `protobuf:"varint,3,opt,name=handle,proto3" json:"handle,omitempty"`
+	N       uint64                 `protobuf:"varint,4,opt,name=n,proto3" json:"n,omitempty"` // bytes written
+	Session uint64                 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
+	Queued  bool                   `protobuf:"varint,6,opt,name=queued,proto3" json:"queued,omitempty"` // exclusive open waiting in line
+	Data    []byte                 `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`      // read data, xattr value
+	Entries []*Dirent              `protobuf:"bytes,8,rep,name=entries,proto3" json:"entries,omitempty"`
+	Target  string                 `protobuf:"bytes,9,opt,name=target,proto3" json:"target,omitempty"` // readlink
+	Statfs  *Statfs                `protobuf:"bytes,10,opt,name=statfs,proto3" json:"statfs,omitempty"`
+	Names   []string               `protobuf:"bytes,11,rep,name=names,proto3" json:"names,omitempty"`     // listxattr
+	Cookie  string                 `protobuf:"bytes,12,opt,name=cookie,proto3" json:"cookie,omitempty"`   // readdir: resume after this name
+	Eof     bool                   `protobuf:"varint,13,opt,name=eof,proto3" json:"eof,omitempty"`        // readdir: no more entries; read: hit end of file
+	Message string                 `protobuf:"bytes,14,opt,name=message,proto3" json:"message,omitempty"` // detail for humans on error
+	Usage   *TreeUsage             `protobuf:"bytes,15,opt,name=usage,proto3" json:"usage,omitempty"`     // du
+	LeaseMs int64                  `protobuf:"varint,16,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Epoch   uint64                 `protobuf:"varint,17,opt,name=epoch,proto3" json:"epoch,omitempty"`            // grant: the epoch of the capabilities granted
+	Refused []uint64               `protobuf:"varint,18,rep,packed,name=refused,proto3" json:"refused,omitempty"` // grant: inodes not granted
+	// recall: the command would change inodes another session holds
+	// capabilities on; they are being recalled. It changed nothing, is not
+	// recorded, and the node applies it again once they are released or
+	// revoked. A client never sees it.
+	Recall        bool `protobuf:"varint,19,opt,name=recall,proto3" json:"recall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[22]
+	mi := &file_memfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2253,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[22]
+	mi := &file_memfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2266,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{22}
+	return file_memfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -2183,6 +2381,27 @@ func (x *Result) GetLeaseMs() int64 {
 	return 0
 }
 
+func (x *Result) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Result) GetRefused() []uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+func (x *Result) GetRecall() bool {
+	if x != nil {
+		return x.Recall
+	}
+	return false
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -2192,7 +2411,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[23]
+	mi := &file_memfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2423,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[23]
+	mi := &file_memfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2436,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{23}
+	return file_memfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -2239,7 +2458,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2470,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2483,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{24}
+	return file_memfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -2307,7 +2526,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2319,7 +2538,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2332,7 +2551,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{25}
+	return file_memfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -2372,7 +2591,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2603,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2616,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{26}
+	return file_memfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -2417,7 +2636,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2648,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2661,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -2468,7 +2687,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2699,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2712,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -2511,7 +2730,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2742,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2755,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -2553,7 +2772,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +2784,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2797,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -2611,7 +2830,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2842,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2855,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -2659,7 +2878,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2890,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2903,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -2735,7 +2954,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +2966,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +2979,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -2921,7 +3140,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3152,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3165,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -2973,7 +3192,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3204,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3217,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -3026,7 +3245,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3038,7 +3257,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3051,7 +3270,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -3085,7 +3304,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3316,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3329,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -3142,7 +3361,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3373,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3386,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -3201,7 +3420,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3432,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3445,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -3290,7 +3509,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3521,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3534,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -3524,7 +3743,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +3755,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +3768,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -3587,7 +3806,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3599,7 +3818,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3612,7 +3831,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3719,7 +3938,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +3950,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +3963,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -3790,7 +4009,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3802,7 +4021,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3815,7 +4034,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 type RemoveNodeRequest struct {
@@ -3828,7 +4047,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3840,7 +4059,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3853,7 +4072,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -3878,7 +4097,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4109,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4122,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -3918,7 +4137,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3930,7 +4149,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3943,7 +4162,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -3970,7 +4189,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4201,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4214,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -4015,7 +4234,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4027,7 +4246,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4040,7 +4259,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -4073,7 +4292,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4085,7 +4304,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4098,7 +4317,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -4145,7 +4364,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4376,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4389,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -4183,17 +4402,20 @@ func (x *WatchRequest) GetVersion() uint32 {
 // WatchEvent names inodes whose data or attributes changed, and directory
 // entries that were added or removed, at a log index.
 type WatchEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Inodes        []uint64               `protobuf:"varint,2,rep,packed,name=inodes,proto3" json:"inodes,omitempty"`
-	Entries       []*Dirent              `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"` // parent in ino, name in name
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Inodes  []uint64               `protobuf:"varint,2,rep,packed,name=inodes,proto3" json:"inodes,omitempty"`
+	Entries []*Dirent              `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"` // parent in ino, name in name
+	// recalls: capabilities this entry asked their holders to release, or
+	// (revoked) took from them.
+	Recalls       []*Recall `protobuf:"bytes,4,rep,name=recalls,proto3" json:"recalls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4427,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4440,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4240,6 +4462,84 @@ func (x *WatchEvent) GetEntries() []*Dirent {
 		return x.Entries
 	}
 	return nil
+}
+
+func (x *WatchEvent) GetRecalls() []*Recall {
+	if x != nil {
+		return x.Recalls
+	}
+	return nil
+}
+
+// Recall names a capability of a session that another session's command
+// waits for (revoked false: release it), or that the cluster took because
+// its holder did not release it within its session's lease (revoked true).
+type Recall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Ino           uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Revoked       bool                   `protobuf:"varint,4,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recall) Reset() {
+	*x = Recall{}
+	mi := &file_memfs_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recall) ProtoMessage() {}
+
+func (x *Recall) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recall.ProtoReflect.Descriptor instead.
+func (*Recall) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *Recall) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *Recall) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *Recall) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Recall) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
 }
 
 var File_memfs_proto protoreflect.FileDescriptor
@@ -4365,7 +4665,16 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06client\x18\x02 \x01(\tR\x06client\"\x0e\n" +
 	"\fKeepAliveCmd\"\x11\n" +
 	"\x0fCloseSessionCmd\"\t\n" +
-	"\aTickCmd\"\xea\x06\n" +
+	"\aTickCmd\"A\n" +
+	"\bGrantCmd\x12\x12\n" +
+	"\x04inos\x18\x01 \x03(\x04R\x04inos\x12!\n" +
+	"\fwith_entries\x18\x02 \x01(\bR\vwithEntries\"0\n" +
+	"\x06CapRef\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"2\n" +
+	"\n" +
+	"ReleaseCmd\x12$\n" +
+	"\x04caps\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x04caps\"\xc8\a\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -4382,7 +4691,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04link\x18\x12 \x01(\v2\x11.memfs.v1.LinkCmdH\x00R\x04link\x124\n" +
 	"\tset_xattr\x18\x13 \x01(\v2\x15.memfs.v1.SetXattrCmdH\x00R\bsetXattr\x12=\n" +
 	"\fremove_xattr\x18\x14 \x01(\v2\x18.memfs.v1.RemoveXattrCmdH\x00R\vremoveXattr\x12*\n" +
-	"\x05clone\x18\x15 \x01(\v2\x12.memfs.v1.CloneCmdH\x00R\x05clone\x12=\n" +
+	"\x05clone\x18\x15 \x01(\v2\x12.memfs.v1.CloneCmdH\x00R\x05clone\x12*\n" +
+	"\x05grant\x18\x16 \x01(\v2\x12.memfs.v1.GrantCmdH\x00R\x05grant\x120\n" +
+	"\arelease\x18\x17 \x01(\v2\x14.memfs.v1.ReleaseCmdH\x00R\arelease\x12=\n" +
 	"\fopen_session\x18\x1e \x01(\v2\x18.memfs.v1.OpenSessionCmdH\x00R\vopenSession\x127\n" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
@@ -4393,7 +4704,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xbc\x03\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x84\x04\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -4411,7 +4722,10 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03eof\x18\r \x01(\bR\x03eof\x12\x18\n" +
 	"\amessage\x18\x0e \x01(\tR\amessage\x12)\n" +
 	"\x05usage\x18\x0f \x01(\v2\x13.memfs.v1.TreeUsageR\x05usage\x12\x19\n" +
-	"\blease_ms\x18\x10 \x01(\x03R\aleaseMs\",\n" +
+	"\blease_ms\x18\x10 \x01(\x03R\aleaseMs\x12\x14\n" +
+	"\x05epoch\x18\x11 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\arefused\x18\x12 \x03(\x04R\arefused\x12\x16\n" +
+	"\x06recall\x18\x13 \x01(\bR\x06recall\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -4557,12 +4871,18 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
 	"\x06absent\x18\x05 \x01(\bR\x06absent\"(\n" +
 	"\fWatchRequest\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\rR\aversion\"f\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\"\x92\x01\n" +
 	"\n" +
 	"WatchEvent\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
 	"\x06inodes\x18\x02 \x03(\x04R\x06inodes\x12*\n" +
-	"\aentries\x18\x03 \x03(\v2\x10.memfs.v1.DirentR\aentries*\x95\x01\n" +
+	"\aentries\x18\x03 \x03(\v2\x10.memfs.v1.DirentR\aentries\x12*\n" +
+	"\arecalls\x18\x04 \x03(\v2\x10.memfs.v1.RecallR\arecalls\"d\n" +
+	"\x06Recall\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\arevoked\x18\x04 \x01(\bR\arevoked*\x95\x01\n" +
 	"\n" +
 	"SetAttrBit\x12\f\n" +
 	"\bSET_NONE\x10\x00\x12\f\n" +
@@ -4603,7 +4923,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(Consistency)(0),              // 1: memfs.v1.Consistency
@@ -4627,39 +4947,43 @@ var file_memfs_proto_goTypes = []any{
 	(*KeepAliveCmd)(nil),          // 19: memfs.v1.KeepAliveCmd
 	(*CloseSessionCmd)(nil),       // 20: memfs.v1.CloseSessionCmd
 	(*TickCmd)(nil),               // 21: memfs.v1.TickCmd
-	(*Command)(nil),               // 22: memfs.v1.Command
-	(*Entry)(nil),                 // 23: memfs.v1.Entry
-	(*Result)(nil),                // 24: memfs.v1.Result
-	(*StatQuery)(nil),             // 25: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 26: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 27: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 28: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 29: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 30: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 31: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 32: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 33: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),             // 34: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 35: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 36: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 37: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 38: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 39: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 40: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 41: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 42: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 43: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 44: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 45: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 46: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 47: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 48: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 49: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 50: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 51: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 52: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 53: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 54: memfs.v1.WatchEvent
+	(*GrantCmd)(nil),              // 22: memfs.v1.GrantCmd
+	(*CapRef)(nil),                // 23: memfs.v1.CapRef
+	(*ReleaseCmd)(nil),            // 24: memfs.v1.ReleaseCmd
+	(*Command)(nil),               // 25: memfs.v1.Command
+	(*Entry)(nil),                 // 26: memfs.v1.Entry
+	(*Result)(nil),                // 27: memfs.v1.Result
+	(*StatQuery)(nil),             // 28: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 29: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 30: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 31: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 32: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 33: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 34: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 35: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 36: memfs.v1.UsageQuery
+	(*TreeUsage)(nil),             // 37: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 38: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 39: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 40: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 41: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 42: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 43: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 44: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 45: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 46: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 47: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 48: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 49: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 50: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 51: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 52: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 53: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 54: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 55: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 56: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 57: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 58: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
 	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
@@ -4677,78 +5001,82 @@ var file_memfs_proto_depIdxs = []int32{
 	3,  // 12: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
 	3,  // 13: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
 	3,  // 14: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	6,  // 15: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 16: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 17: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 18: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 19: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 20: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 21: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	13, // 22: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	14, // 23: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	15, // 24: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	16, // 25: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	17, // 26: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	18, // 27: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	19, // 28: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	20, // 29: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	21, // 30: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	22, // 31: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 32: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 33: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 34: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	34, // 35: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	3,  // 36: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 37: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 38: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 39: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 40: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 41: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 42: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	25, // 43: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	26, // 44: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	27, // 45: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	28, // 46: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	29, // 47: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	30, // 48: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	31, // 49: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	32, // 50: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	33, // 51: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	22, // 52: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	24, // 53: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	35, // 54: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 55: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	24, // 56: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	22, // 57: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	24, // 58: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	42, // 59: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	42, // 60: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 61: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	36, // 62: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	38, // 63: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	40, // 64: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	38, // 65: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	43, // 66: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	45, // 67: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	47, // 68: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	49, // 69: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	51, // 70: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	53, // 71: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	37, // 72: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	39, // 73: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	37, // 74: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	41, // 75: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	44, // 76: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	46, // 77: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	48, // 78: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	50, // 79: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	52, // 80: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	54, // 81: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	72, // [72:82] is the sub-list for method output_type
-	62, // [62:72] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	23, // 15: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	6,  // 16: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	7,  // 17: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	8,  // 18: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	9,  // 19: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	10, // 20: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	11, // 21: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	12, // 22: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	13, // 23: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	14, // 24: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	15, // 25: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	16, // 26: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	17, // 27: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	22, // 28: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	24, // 29: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	18, // 30: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	19, // 31: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	20, // 32: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	21, // 33: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	25, // 34: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	2,  // 35: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	4,  // 36: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	5,  // 37: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	37, // 38: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	3,  // 39: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 40: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 41: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 42: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 43: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 44: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 45: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	28, // 46: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	29, // 47: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	30, // 48: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	31, // 49: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	32, // 50: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	33, // 51: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	34, // 52: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	35, // 53: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	36, // 54: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	25, // 55: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	27, // 56: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	38, // 57: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	1,  // 58: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	27, // 59: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	25, // 60: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	27, // 61: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	45, // 62: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	45, // 63: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	4,  // 64: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	58, // 65: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	39, // 66: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	41, // 67: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	43, // 68: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	41, // 69: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	46, // 70: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	48, // 71: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	50, // 72: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	52, // 73: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	54, // 74: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	56, // 75: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	40, // 76: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	42, // 77: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	40, // 78: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	44, // 79: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	47, // 80: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	49, // 81: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	51, // 82: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	53, // 83: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	55, // 84: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	57, // 85: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	76, // [76:86] is the sub-list for method output_type
+	66, // [66:76] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -4757,7 +5085,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[20].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[23].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -4770,12 +5098,14 @@ func file_memfs_proto_init() {
 		(*Command_SetXattr)(nil),
 		(*Command_RemoveXattr)(nil),
 		(*Command_Clone)(nil),
+		(*Command_Grant)(nil),
+		(*Command_Release)(nil),
 		(*Command_OpenSession)(nil),
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
 	}
-	file_memfs_proto_msgTypes[33].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[36].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -4792,7 +5122,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   53,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -215,6 +215,16 @@ func CloseSession() *pb.Command {
 	return &pb.Command{Op: &pb.Command_CloseSession{CloseSession: &pb.CloseSessionCmd{}}}
 }
 
+// Grant asks for capabilities on inos (and, with entries, their entries).
+func Grant(entries bool, inos ...uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
+}
+
+// Release gives back the capability on ino granted at epoch.
+func Release(ino, epoch uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Release{Release: &pb.ReleaseCmd{Caps: []*pb.CapRef{{Ino: ino, Epoch: epoch}}}}}
+}
+
 func Tick() *pb.Command { return &pb.Command{Op: &pb.Command_Tick{Tick: &pb.TickCmd{}}} }
 
 // Queries.

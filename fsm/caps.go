@@ -1,0 +1,243 @@
+package fsm
+
+import (
+	"syscall"
+
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// Capabilities. A session holding a capability on an inode may cache the
+// inode's attributes and data and, for a directory, its whole listing,
+// because no command of another session changes the inode while the
+// capability is held: every handler that changes inodes first calls guard,
+// which refuses the command (Result.recall) and marks the capabilities in
+// its way recalled. The node applies the command again once they are
+// released or revoked. A recalled capability the holder does not release
+// within its session's lease is revoked on log time, so a dead or cut-off
+// holder delays others by at most its lease; the holder, knowing the same
+// bound, stops trusting its caches before that (docs/protocol.md).
+//
+// The epoch of a capability is the log index of its grant: a release names
+// it, so a holder's late release of an earlier grant never gives up a later
+// one.
+
+// capab is one session's capability on one inode.
+type capab struct {
+	session uint64
+	ino     uint64
+	epoch   uint64
+	// revokeAt is the log time at which a recalled capability is taken
+	// from its holder; 0 while nobody waits for it.
+	revokeAt int64
+}
+
+// maxGrant bounds the capabilities one GrantCmd may ask for, entries of
+// the directories included.
+const maxGrant = 1 << 16
+
+// errRecall refuses a command until capabilities in its way are gone.
+var errRecall = &Error{Errno: syscall.EAGAIN, Msg: "waiting for capabilities to be recalled"}
+
+func (s *state) capsOf(ino uint64) []*capab {
+	var out []*capab
+	if s.ncaps == 0 {
+		return nil
+	}
+	it := s.caps.root().Iterator()
+	it.SeekPrefix(u64key(ino))
+	for {
+		_, c, ok := it.Next()
+		if !ok {
+			return out
+		}
+		out = append(out, c)
+	}
+}
+
+func (t *tx) putCap(c *capab) {
+	if _, ok := t.caps.get(pairKey(c.ino, c.session)); !ok {
+		t.ncaps++
+	}
+	t.caps.put(pairKey(c.ino, c.session), c)
+	if c.revokeAt != 0 && (t.minRevoke == 0 || c.revokeAt < t.minRevoke) {
+		t.minRevoke = c.revokeAt
+	}
+}
+
+func (t *tx) delCap(c *capab) {
+	if _, ok := t.caps.get(pairKey(c.ino, c.session)); ok {
+		t.ncaps--
+		t.caps.del(pairKey(c.ino, c.session))
+		t.capsGone = true
+	}
+}
+
+// guard refuses the running command when another session holds a
+// capability on any of inos, recalling those capabilities. Every handler
+// that changes an inode (its attributes, data or, for a directory, its
+// entries) calls it with all of them after validating and before changing
+// anything; TestGuardCoversChanges holds the handlers to that.
+func (t *tx) guard(inos ...uint64) error {
+	if t.ncaps == 0 {
+		return nil
+	}
+	var in []*capab
+	for _, ino := range inos {
+		for _, c := range t.capsOf(ino) {
+			if c.session != t.cmdSession {
+				in = append(in, c)
+			}
+		}
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	for _, c := range in {
+		if c.revokeAt != 0 {
+			continue // recalled before
+		}
+		lease := int64(defaultLeaseMs)
+		if s := t.session(c.session); s != nil {
+			lease = s.leaseMs
+		}
+		r := *c
+		r.revokeAt = leaseEnd(t.now, lease)
+		t.putCap(&r)
+		t.recalled(&r, false)
+	}
+	return errRecall
+}
+
+func (t *tx) recalled(c *capab, revoked bool) {
+	if t.ev != nil {
+		t.ev.recalls = append(t.ev.recalls, &pb.Recall{Session: c.session, Ino: c.ino, Epoch: c.epoch, Revoked: revoked})
+	}
+}
+
+// grantCaps gives the session shared capabilities on x.Inos (and their
+// entries): every inode that exists, is linked and has no recall pending.
+func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
+	if sess == nil {
+		return nil, errf(syscall.ESTALE, "grant needs a session")
+	}
+	want := make([]uint64, 0, len(x.Inos))
+	for _, ino := range x.Inos {
+		want = append(want, ino)
+		if !x.WithEntries {
+			continue
+		}
+		if n := t.inode(ino); n != nil && n.isDir() {
+			for _, e := range t.entries(ino) {
+				want = append(want, e.ino)
+				if len(want) > maxGrant {
+					break
+				}
+			}
+		}
+		if len(want) > maxGrant {
+			return nil, errf(syscall.E2BIG, "grant of more than %d capabilities", maxGrant)
+		}
+	}
+	res := &pb.Result{Epoch: t.index}
+	for _, ino := range want {
+		if !t.grantable(ino) {
+			res.Refused = append(res.Refused, ino)
+			continue
+		}
+		t.putCap(&capab{session: sess.id, ino: ino, epoch: t.index})
+	}
+	return res, nil
+}
+
+// grantable reports whether ino may be granted: it exists, has a name
+// (an unlinked inode changes no more, but is not worth a capability) and
+// no other session waits for a recall of it.
+func (t *tx) grantable(ino uint64) bool {
+	n := t.inode(ino)
+	if n == nil || n.nlink == 0 {
+		return false
+	}
+	for _, c := range t.capsOf(ino) {
+		if c.revokeAt != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// releaseCaps drops the session's capabilities that x names with their
+// current epoch; Result.n counts them.
+func (t *tx) releaseCaps(x *pb.ReleaseCmd, sess *session) (*pb.Result, error) {
+	if sess == nil {
+		return nil, errf(syscall.ESTALE, "release needs a session")
+	}
+	var n uint64
+	for _, ref := range x.Caps {
+		if ref == nil {
+			continue
+		}
+		c, ok := t.caps.get(pairKey(ref.Ino, sess.id))
+		if ok && c.epoch == ref.Epoch {
+			t.delCap(c)
+			n++
+		}
+	}
+	return &pb.Result{N: n}, nil
+}
+
+// revokeDue takes the recalled capabilities whose holders did not release
+// them within their lease. minRevoke keeps the common case to one
+// comparison.
+func (t *tx) revokeDue() {
+	if t.minRevoke == 0 || t.now < t.minRevoke {
+		return
+	}
+	var due []*capab
+	var next int64
+	t.caps.root().Walk(func(_ []byte, c *capab) bool {
+		switch {
+		case c.revokeAt == 0:
+		case c.revokeAt <= t.now:
+			due = append(due, c)
+		case next == 0 || c.revokeAt < next:
+			next = c.revokeAt
+		}
+		return false
+	})
+	t.minRevoke = next
+	for _, c := range due {
+		t.delCap(c)
+		t.recalled(c, true)
+	}
+}
+
+// dropCaps removes every capability of session id (ended) or, with ino
+// set, on inode ino (freed).
+func (t *tx) dropCaps(session, ino uint64) {
+	if t.ncaps == 0 {
+		return
+	}
+	var gone []*capab
+	if ino != 0 {
+		gone = t.capsOf(ino)
+	} else {
+		t.caps.root().Walk(func(_ []byte, c *capab) bool {
+			if c.session == session {
+				gone = append(gone, c)
+			}
+			return false
+		})
+	}
+	for _, c := range gone {
+		t.delCap(c)
+	}
+}
+
+// CapsReleased returns a channel closed at the next publish of a state in
+// which some capability went away (released, revoked, or with its session
+// or inode): the moment a command refused for a recall may pass.
+func (f *FSM) CapsReleased() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.capsGone
+}
