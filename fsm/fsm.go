@@ -20,7 +20,7 @@ type FSM struct {
 	cfg Config
 	cur atomic.Pointer[state] // the published state; never modified
 
-	mu      sync.Mutex
+	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced at each publish; guarded by mu
 	capsGone chan struct{} // closed and replaced at a publish that dropped capabilities; guarded by mu
 }
