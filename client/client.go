@@ -51,8 +51,13 @@ func New(ctx context.Context, addrs []string, opts ...Option) (*Client, error) {
 	k.sess.Store(s)
 	kctx, stop := context.WithCancel(context.Background())
 	k.stop = stop
+	c := &Client{k: k, ctx: context.Background()}
+	if cfg.caps {
+		k.caps = newCaps(c)
+		go k.caps.run(kctx)
+	}
 	go k.keepAlive(kctx)
-	return &Client{k: k, ctx: context.Background()}, nil
+	return c, nil
 }
 
 // WithContext returns a Client that shares c's connections and session but

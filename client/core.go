@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -36,6 +37,8 @@ type core struct {
 
 	sessMu sync.Mutex // held while a session is opened, so one opens at a time
 	sess   atomic.Pointer[session]
+
+	caps *Caps // nil unless WithCaps
 
 	stop      context.CancelFunc // stops the keepalive
 	done      chan struct{}      // closed when the keepalive has stopped
@@ -88,6 +91,7 @@ func (k *core) send(ctx context.Context, cmd *pb.Command) (*pb.Result, int, erro
 	req := &pb.ApplyRequest{Version: pb.Version, Command: cmd}
 	var resp *pb.ApplyResponse
 	o := callOpts{op: opName(cmd), bytes: len(cmd.GetWrite().GetData()), leader: true}
+	sent := time.Now()
 	n, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
 		var md metadata.MD
 		r, err := api.Apply(ctx, req, grpc.Trailer(&md))
@@ -97,6 +101,7 @@ func (k *core) send(ctx context.Context, cmd *pb.Command) (*pb.Result, int, erro
 	if err != nil {
 		return nil, n, err
 	}
+	k.answered(cmd, sent, resp)
 	return resultOf(resp), n, nil
 }
 
@@ -106,6 +111,12 @@ func (k *core) send(ctx context.Context, cmd *pb.Command) (*pb.Result, int, erro
 func (k *core) sendStream(ctx context.Context, cmd *pb.Command, data []byte) (*pb.Result, int, error) {
 	var resp *pb.ApplyResponse
 	o := callOpts{op: "write", bytes: len(data), leader: true}
+	sent := time.Now()
+	defer func() {
+		if resp != nil {
+			k.answered(cmd, sent, resp)
+		}
+	}()
 	n, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
 		st, err := api.Write(ctx)
 		if err != nil {
@@ -145,6 +156,14 @@ func sendFrames(st grpc.ClientStreamingClient[pb.WriteFrame, pb.ApplyResponse], 
 		}
 	}
 	return nil
+}
+
+// answered tells the capability table that cmd, sent at sent, renewed
+// the session at the log index resp names.
+func (k *core) answered(cmd *pb.Command, sent time.Time, resp *pb.ApplyResponse) {
+	if k.caps != nil && cmd.Session != 0 && resp.GetIndex() != 0 && resp.GetResult().GetErrno() != uint32(syscall.ESTALE) {
+		k.caps.answered(sent, resp.GetIndex())
+	}
 }
 
 func resultOf(r interface{ GetResult() *pb.Result }) *pb.Result {

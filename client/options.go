@@ -35,6 +35,7 @@ type config struct {
 	log            *slog.Logger
 	uid, gid       uint32
 	name           string
+	caps           bool
 }
 
 func defaultConfig() config {
@@ -62,6 +63,12 @@ func describeProcess() string {
 	host, _ := os.Hostname()
 	return host + " pid " + strconv.Itoa(os.Getpid())
 }
+
+// WithCaps makes the client hold capabilities, so that it may cache what
+// they cover: Client.Caps returns the table of the ones it holds (see
+// Caps). Without it (the default) the client holds none and every read
+// asks the cluster.
+func WithCaps() Option { return func(c *config) { c.caps = true } }
 
 // WithLease sets the session lease the client asks for (default 10 s). The
 // client renews it every lease/3; a session not renewed for a whole lease

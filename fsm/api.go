@@ -67,6 +67,10 @@ type Applier interface {
 	RestoreFrom(ctx context.Context, r io.Reader, src BlockSource) error
 	// Block returns the bytes of a stored block (immutable), or nil.
 	Block(h block.Hash) []byte
+	// CapsReleased and NextRevoke tell a leader when a command refused for
+	// a recall may pass (caps.go).
+	CapsReleased() <-chan struct{}
+	NextRevoke() int64
 }
 
 // Snapshot is a captured, immutable state; WriteTo may run concurrently

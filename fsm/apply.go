@@ -175,6 +175,7 @@ func copyResult(r *pb.Result) *pb.Result {
 	c := &pb.Result{
 		Errno: r.Errno, Handle: r.Handle, N: r.N, Session: r.Session,
 		Queued: r.Queued, Message: r.Message, LeaseMs: r.LeaseMs,
+		Epoch: r.Epoch, Refused: slices.Clone(r.Refused), Granted: slices.Clone(r.Granted),
 	}
 	if a := r.Attr; a != nil {
 		c.Attr = &pb.Attr{

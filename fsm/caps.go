@@ -139,12 +139,16 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 		}
 	}
 	res := &pb.Result{Epoch: t.index}
-	for _, ino := range want {
+	asked := len(x.Inos)
+	for i, ino := range want {
 		if !t.grantable(ino) {
-			res.Refused = append(res.Refused, ino)
+			if i < asked {
+				res.Refused = append(res.Refused, ino)
+			}
 			continue
 		}
 		t.putCap(&capab{session: sess.id, ino: ino, epoch: t.index})
+		res.Granted = append(res.Granted, ino)
 	}
 	return res, nil
 }
@@ -241,3 +245,7 @@ func (f *FSM) CapsReleased() <-chan struct{} {
 	defer f.mu.Unlock()
 	return f.capsGone
 }
+
+// NextRevoke is the log time at which the earliest recalled capability
+// is revoked unless released before (0: none is recalled).
+func (f *FSM) NextRevoke() int64 { return f.cur.Load().minRevoke }

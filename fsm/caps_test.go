@@ -50,6 +50,7 @@ func TestCapabilityRecall(t *testing.T) {
 	g := h.Must(h.as(h.holder, ft.Grant(true, d)))
 	require.Equal(t, h.Index, g.Epoch)
 	require.Empty(t, g.Refused)
+	require.Equal(t, []uint64{d, f}, g.Granted)
 	require.Equal(t, []uint64{h.holder}, h.F.CapHolders(h.Time)(f), "with_entries covers the file")
 
 	// The holder's own changes pass.

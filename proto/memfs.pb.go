@@ -1611,7 +1611,8 @@ func (*TickCmd) Descriptor() ([]byte, []int) {
 // it or lost it. with_entries also grants one on every entry of each
 // directory in inos, so that a listing read after the grant is covered
 // whole. The result carries the grant's epoch (its log index) and the
-// inodes that were not granted (refused).
+// inodes granted (granted) and those asked for by number and not granted
+// (refused).
 type GrantCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Inos          []uint64               `protobuf:"varint,1,rep,packed,name=inos,proto3" json:"inos,omitempty"`
@@ -2229,7 +2230,8 @@ type Result struct {
 	Usage   *TreeUsage             `protobuf:"bytes,15,opt,name=usage,proto3" json:"usage,omitempty"`     // du
 	LeaseMs int64                  `protobuf:"varint,16,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	Epoch   uint64                 `protobuf:"varint,17,opt,name=epoch,proto3" json:"epoch,omitempty"`            // grant: the epoch of the capabilities granted
-	Refused []uint64               `protobuf:"varint,18,rep,packed,name=refused,proto3" json:"refused,omitempty"` // grant: inodes not granted
+	Refused []uint64               `protobuf:"varint,18,rep,packed,name=refused,proto3" json:"refused,omitempty"` // grant: inodes asked for and not granted
+	Granted []uint64               `protobuf:"varint,20,rep,packed,name=granted,proto3" json:"granted,omitempty"` // grant: inodes granted, entries included
 	// recall: the command would change inodes another session holds
 	// capabilities on; they are being recalled. It changed nothing, is not
 	// recorded, and the node applies it again once they are released or
@@ -2391,6 +2393,13 @@ func (x *Result) GetEpoch() uint64 {
 func (x *Result) GetRefused() []uint64 {
 	if x != nil {
 		return x.Refused
+	}
+	return nil
+}
+
+func (x *Result) GetGranted() []uint64 {
+	if x != nil {
+		return x.Granted
 	}
 	return nil
 }
@@ -4704,7 +4713,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x84\x04\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x9e\x04\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -4724,7 +4733,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05usage\x18\x0f \x01(\v2\x13.memfs.v1.TreeUsageR\x05usage\x12\x19\n" +
 	"\blease_ms\x18\x10 \x01(\x03R\aleaseMs\x12\x14\n" +
 	"\x05epoch\x18\x11 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\arefused\x18\x12 \x03(\x04R\arefused\x12\x16\n" +
+	"\arefused\x18\x12 \x03(\x04R\arefused\x12\x18\n" +
+	"\agranted\x18\x14 \x03(\x04R\agranted\x12\x16\n" +
 	"\x06recall\x18\x13 \x01(\bR\x06recall\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +

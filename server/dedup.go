@@ -18,9 +18,9 @@ import (
 // sends the original write with its data under the same (session, seq).
 // docs/dedup.md has the whole story.
 
-// submit runs cmd through the batcher, with a write's whole chunks
+// submitDeduped runs cmd through the batcher, with a write's whole chunks
 // hashed once, here, and its stored ones sent by hash when it can.
-func (n *Node) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
+func (n *Node) submitDeduped(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
 	slim, saved := n.slimWrite(cmd)
 	if slim == nil {
 		return n.batcher.submit(ctx, cmd)

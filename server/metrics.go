@@ -15,6 +15,7 @@ import (
 // label tells them apart when they share a registry.
 type metrics struct {
 	applyLatency  prometheus.Histogram
+	recallWait    prometheus.Histogram
 	batchCommands prometheus.Histogram
 	batchBytes    prometheus.Histogram
 	commands      *prometheus.CounterVec
@@ -47,6 +48,9 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 		applyLatency: prometheus.NewHistogram(hist("apply_duration_seconds",
 			"Time from a command reaching the leader's batcher to its result.",
 			prometheus.ExponentialBuckets(0.0005, 2, 16))),
+		recallWait: prometheus.NewHistogram(hist("recall_wait_seconds",
+			"Time a command waited for other sessions' capabilities to be released or revoked.",
+			prometheus.ExponentialBuckets(0.0005, 2, 16))),
 		batchCommands: prometheus.NewHistogram(hist("batch_commands",
 			"Commands carried by one Raft log entry.",
 			prometheus.ExponentialBuckets(1, 2, 10))),
@@ -68,7 +72,7 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 		panics: prometheus.NewCounter(prometheus.CounterOpts(opts("recovered_panics_total",
 			"Panics recovered in request handlers (should stay 0)."))),
 	}
-	m.collectors = []prometheus.Collector{m.applyLatency, m.batchCommands, m.batchBytes,
+	m.collectors = []prometheus.Collector{m.applyLatency, m.recallWait, m.batchCommands, m.batchBytes,
 		m.commands, m.queryLatency, m.forwarded, m.raftState, m.undecodable, m.panics}
 	gauge := func(name, help string, f func(fsm.Stats) float64) {
 		m.collectors = append(m.collectors, prometheus.NewGaugeFunc(

@@ -1,0 +1,326 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// Caps is the table of the capabilities a client's session holds (see
+// docs/protocol.md, "Capabilities"). While Held reports an inode, no
+// command of another session has changed it since the grant: the holder
+// may answer for its attributes, data and (a directory) entries from what
+// it read under the capability. A command of another session that would
+// change it waits until the holder gave it back: the cluster recalls it
+// through the change stream, Caps calls the OnRecall functions (which
+// drop what was cached) and then releases it.
+//
+// # When a capability can be trusted
+//
+// The cluster takes a recalled capability that was not released within
+// the session's lease, counted on the leader's clock from the recall. So
+// a holder that missed a recall (its change stream is behind or broken, it
+// was frozen) must stop trusting its capabilities before that can happen.
+// Every command of the session renews its lease at a log index, at a log
+// time no earlier than the moment the client sent it; once the change
+// stream has delivered that index, every recall committed before it has
+// been seen, and any later recall can be enforced no earlier than the send
+// time plus the lease. So Caps trusts its capabilities until the send time
+// of the latest such command plus the lease, minus a margin for the
+// nodes' clocks (trustMargin). The session's keepalive renews every
+// lease/3, so an idle client stays trusted while it reaches the cluster.
+//
+// The assumption: node clocks agree within the margin (NTP) and no clock
+// jumps forward by more than that; the client's own clock only measures
+// intervals (monotonic).
+type Caps struct {
+	c *Client
+
+	mu       sync.Mutex
+	session  uint64            // the session the capabilities belong to; guarded by mu
+	held     map[uint64]uint64 // ino -> epoch; guarded by mu
+	recalled map[uint64]uint64 // ino -> epoch recalled while grants are in flight; guarded by mu
+	granting int               // grants in flight; guarded by mu
+	pending  []proof           // renewals not yet seen on the stream, by index; guarded by mu
+	until    time.Time         // capabilities are trusted before this; guarded by mu
+	seen     uint64            // highest index the stream delivered; guarded by mu
+	onRecall []func(inos []uint64)
+
+	rel chan *pb.CapRef // capabilities to give back
+}
+
+// proof is a command that renewed the session: when it was sent and the
+// index it was applied at.
+type proof struct {
+	sent  time.Time
+	index uint64
+}
+
+// maxPending bounds the renewals waiting to be seen on the stream; older
+// ones are dropped (a later one proves more).
+const maxPending = 256
+
+// trustMargin is how much earlier than its lease allows a client stops
+// trusting its capabilities: the allowance for clocks.
+func trustMargin(lease time.Duration) time.Duration { return lease/10 + 100*time.Millisecond }
+
+func newCaps(c *Client) *Caps {
+	return &Caps{c: c, held: map[uint64]uint64{}, rel: make(chan *pb.CapRef, 4096)}
+}
+
+// Caps returns the client's capability table, or nil unless it was made
+// WithCaps.
+func (c *Client) Caps() *Caps { return c.k.caps }
+
+// OnRecall adds fn to the functions called with the inodes whose
+// capabilities are lost (recalled, revoked, or all of them when the change
+// stream had to be reopened), before they are released. fn must drop what
+// it cached of them and must not block on the cluster. Register before
+// the first Grant.
+func (cp *Caps) OnRecall(fn func(inos []uint64)) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.onRecall = append(cp.onRecall, fn)
+}
+
+// Held reports whether the session holds a capability on ino that can be
+// trusted now.
+func (cp *Caps) Held(ino uint64) bool {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	_, ok := cp.held[ino]
+	return ok && cp.trustedLocked()
+}
+
+// Trusted reports whether the capabilities held can be trusted now.
+func (cp *Caps) Trusted() bool {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.trustedLocked()
+}
+
+func (cp *Caps) trustedLocked() bool {
+	return time.Now().Before(cp.until) && cp.session == cp.c.Session()
+}
+
+// Len is how many capabilities the session holds.
+func (cp *Caps) Len() int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return len(cp.held)
+}
+
+// Grant asks for capabilities on inos and, with entries, on every entry
+// of those that are directories; it returns the inodes granted. An inode
+// that does not exist, has no name, or is being recalled for another
+// session is not granted, and that is not an error.
+func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint64, error) {
+	cp.mu.Lock()
+	cp.granting++
+	cp.mu.Unlock()
+	defer func() {
+		cp.mu.Lock()
+		if cp.granting--; cp.granting == 0 {
+			clear(cp.recalled)
+		}
+		cp.mu.Unlock()
+	}()
+	cmd := &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
+	res, err := cp.c.k.apply(ctx, cmd, 0)
+	if err != nil {
+		return nil, fmt.Errorf("grant: %w", err)
+	}
+	if e := res.GetErrno(); e != 0 {
+		return nil, fmt.Errorf("grant: %s: %w", res.GetMessage(), syscall.Errno(e))
+	}
+	epoch := res.GetEpoch()
+	var granted, late []uint64
+	cp.mu.Lock()
+	if cp.session != cmd.Session {
+		// A new session: the old one's capabilities went with it.
+		cp.session = cmd.Session
+		clear(cp.held)
+	}
+	for _, ino := range res.GetGranted() {
+		if cp.recalled[ino] >= epoch {
+			late = append(late, ino) // recalled before this answer came
+			continue
+		}
+		cp.held[ino] = epoch
+		granted = append(granted, ino)
+	}
+	cp.mu.Unlock()
+	for _, ino := range late {
+		cp.giveBack(&pb.CapRef{Ino: ino, Epoch: epoch})
+	}
+	return granted, nil
+}
+
+// Release gives back the capabilities on inos, for a holder that no
+// longer caches them.
+func (cp *Caps) Release(inos ...uint64) {
+	var refs []*pb.CapRef
+	cp.mu.Lock()
+	for _, ino := range inos {
+		if e, ok := cp.held[ino]; ok {
+			delete(cp.held, ino)
+			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
+		}
+	}
+	cp.mu.Unlock()
+	for _, r := range refs {
+		cp.giveBack(r)
+	}
+}
+
+// answered records that a command sent at sent was applied at index
+// (core.answered). A command of an earlier session proves as much: what
+// it proves is that recalls committed after it cannot be enforced before
+// sent plus the lease, whichever session they are for.
+func (cp *Caps) answered(sent time.Time, index uint64) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if index <= cp.seen {
+		cp.prove(sent)
+		return
+	}
+	i, _ := slices.BinarySearchFunc(cp.pending, index, func(p proof, idx uint64) int {
+		return int64cmp(p.index, idx)
+	})
+	cp.pending = slices.Insert(cp.pending, i, proof{sent: sent, index: index})
+	if len(cp.pending) > maxPending {
+		cp.pending = cp.pending[1:]
+	}
+}
+
+func int64cmp(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// prove extends the trust to what a renewal sent at sent allows.
+func (cp *Caps) prove(sent time.Time) {
+	lease := cp.c.k.sess.Load().lease
+	if u := sent.Add(lease - trustMargin(lease)); u.After(cp.until) {
+		cp.until = u
+	}
+}
+
+// run follows the change stream until ctx ends, and gives capabilities
+// back.
+func (cp *Caps) run(ctx context.Context) {
+	go cp.releaser(ctx)
+	for ctx.Err() == nil {
+		ch, err := cp.c.Watch(ctx)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		for ev := range ch {
+			cp.observe(ev)
+		}
+	}
+}
+
+// observe takes one change event: the index it reached proves renewals,
+// and recalls of this session's capabilities drop them.
+func (cp *Caps) observe(ev *pb.WatchEvent) {
+	var lost []uint64
+	var refs []*pb.CapRef
+	cp.mu.Lock()
+	if ev.GetIndex() == 0 {
+		// The stream was reopened: recalls may have been missed.
+		lost = slices.Collect(maps.Keys(cp.held))
+		for ino, e := range cp.held {
+			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
+		}
+		clear(cp.held)
+		cp.until = time.Time{}
+	} else {
+		cp.seen = max(cp.seen, ev.GetIndex())
+		n := 0
+		for n < len(cp.pending) && cp.pending[n].index <= cp.seen {
+			cp.prove(cp.pending[n].sent)
+			n++
+		}
+		cp.pending = cp.pending[n:]
+	}
+	for _, r := range ev.GetRecalls() {
+		if r.GetSession() != cp.session {
+			continue
+		}
+		if cp.granting > 0 {
+			cp.recalled[r.GetIno()] = max(cp.recalled[r.GetIno()], r.GetEpoch())
+		}
+		if e, ok := cp.held[r.GetIno()]; ok && e <= r.GetEpoch() {
+			delete(cp.held, r.GetIno())
+			lost = append(lost, r.GetIno())
+			if !r.GetRevoked() {
+				refs = append(refs, &pb.CapRef{Ino: r.GetIno(), Epoch: r.GetEpoch()})
+			}
+		}
+	}
+	fns := cp.onRecall
+	cp.mu.Unlock()
+	if len(lost) > 0 {
+		for _, fn := range fns {
+			fn(lost)
+		}
+	}
+	for _, r := range refs {
+		cp.giveBack(r)
+	}
+}
+
+func (cp *Caps) giveBack(r *pb.CapRef) {
+	select {
+	case cp.rel <- r:
+	default:
+		// Full: the cluster revokes what is not given back after the
+		// lease, so a dropped release only delays another session.
+		cp.c.k.cfg.log.Warn("memfs: capability release queue full", "ino", r.Ino)
+	}
+}
+
+// releaser sends the queued releases, as many as are queued in one
+// command.
+func (cp *Caps) releaser(ctx context.Context) {
+	for {
+		var refs []*pb.CapRef
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-cp.rel:
+			refs = append(refs, r)
+		}
+	more:
+		for len(refs) < 4096 {
+			select {
+			case r := <-cp.rel:
+				refs = append(refs, r)
+			default:
+				break more
+			}
+		}
+		actx, cancel := context.WithTimeout(ctx, cp.c.k.sess.Load().lease)
+		cmd := &pb.Command{Op: &pb.Command_Release{Release: &pb.ReleaseCmd{Caps: refs}}}
+		if _, err := cp.c.k.apply(actx, cmd, 0); err != nil && ctx.Err() == nil {
+			cp.c.k.cfg.log.Warn("memfs: releasing capabilities failed", "n", len(refs), "err", err)
+		}
+		cancel()
+	}
+}
