@@ -50,6 +50,8 @@ type Caps struct {
 	pending  []proof           // renewals not yet seen on the stream, by index; guarded by mu
 	until    time.Time         // capabilities are trusted before this; guarded by mu
 	seen     uint64            // highest index the stream delivered; guarded by mu
+	first    uint64            // index of the stream's first event (0: none yet); guarded by mu
+	trusted  chan struct{}     // closed when trust is extended; guarded by mu
 	onRecall []func(inos []uint64)
 
 	rel chan *pb.CapRef // capabilities to give back
@@ -71,7 +73,8 @@ const maxPending = 256
 func trustMargin(lease time.Duration) time.Duration { return lease/10 + 100*time.Millisecond }
 
 func newCaps(c *Client) *Caps {
-	return &Caps{c: c, held: map[uint64]uint64{}, rel: make(chan *pb.CapRef, 4096)}
+	return &Caps{c: c, held: map[uint64]uint64{}, recalled: map[uint64]uint64{},
+		rel: make(chan *pb.CapRef, 4096), trusted: make(chan struct{})}
 }
 
 // Caps returns the client's capability table, or nil unless it was made
@@ -121,16 +124,7 @@ func (cp *Caps) Len() int {
 // that does not exist, has no name, or is being recalled for another
 // session is not granted, and that is not an error.
 func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint64, error) {
-	cp.mu.Lock()
-	cp.granting++
-	cp.mu.Unlock()
-	defer func() {
-		cp.mu.Lock()
-		if cp.granting--; cp.granting == 0 {
-			clear(cp.recalled)
-		}
-		cp.mu.Unlock()
-	}()
+	defer cp.Expect()()
 	cmd := &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
 	res, err := cp.c.k.apply(ctx, cmd, 0)
 	if err != nil {
@@ -162,6 +156,41 @@ func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint6
 	return granted, nil
 }
 
+// Expect brackets a command that may hand the session capabilities in its
+// result (Result.epoch: a create in a directory the session holds) until
+// they are adopted: recalls that arrive meanwhile are remembered, so that
+// Adopt never takes one already recalled. Call the function it returns
+// after Adopt.
+func (cp *Caps) Expect() func() {
+	cp.mu.Lock()
+	cp.granting++
+	cp.mu.Unlock()
+	return func() {
+		cp.mu.Lock()
+		if cp.granting--; cp.granting == 0 {
+			clear(cp.recalled)
+		}
+		cp.mu.Unlock()
+	}
+}
+
+// Adopt records the capability on ino that a command's result granted at
+// epoch (0: none), inside an Expect bracket.
+func (cp *Caps) Adopt(ino, epoch uint64) {
+	if epoch == 0 {
+		return
+	}
+	cp.mu.Lock()
+	late := cp.recalled[ino] >= epoch || cp.session != cp.c.Session()
+	if !late {
+		cp.held[ino] = epoch
+	}
+	cp.mu.Unlock()
+	if late {
+		cp.giveBack(&pb.CapRef{Ino: ino, Epoch: epoch})
+	}
+}
+
 // Release gives back the capabilities on inos, for a holder that no
 // longer caches them.
 func (cp *Caps) Release(inos ...uint64) {
@@ -186,7 +215,10 @@ func (cp *Caps) Release(inos ...uint64) {
 func (cp *Caps) answered(sent time.Time, index uint64) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	if index <= cp.seen {
+	switch {
+	case cp.first != 0 && index < cp.first:
+		return // before the stream: recalls before it were not seen
+	case cp.first != 0 && index <= cp.seen:
 		cp.prove(sent)
 		return
 	}
@@ -214,6 +246,31 @@ func (cp *Caps) prove(sent time.Time) {
 	lease := cp.c.k.sess.Load().lease
 	if u := sent.Add(lease - trustMargin(lease)); u.After(cp.until) {
 		cp.until = u
+		close(cp.trusted)
+		cp.trusted = make(chan struct{})
+	}
+}
+
+// WaitTrusted waits at most d for the capabilities to be trusted (right
+// after a client starts, or after its change stream was reopened, until
+// a renewal has been seen on the stream) and reports whether they are.
+func (cp *Caps) WaitTrusted(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		cp.mu.Lock()
+		ok, ch := cp.trustedLocked(), cp.trusted
+		cp.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 
@@ -249,8 +306,21 @@ func (cp *Caps) observe(ev *pb.WatchEvent) {
 			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
 		}
 		clear(cp.held)
-		cp.until = time.Time{}
+		cp.until, cp.first, cp.pending = time.Time{}, 0, nil
 	} else {
+		if cp.first == 0 {
+			// The stream's first event: recalls of capabilities granted
+			// before it, and renewals before it, prove nothing.
+			cp.first = ev.GetIndex()
+			for ino, e := range cp.held {
+				if e < cp.first {
+					delete(cp.held, ino)
+					lost = append(lost, ino)
+					refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
+				}
+			}
+			cp.pending = slices.DeleteFunc(cp.pending, func(p proof) bool { return p.index < cp.first })
+		}
 		cp.seen = max(cp.seen, ev.GetIndex())
 		n := 0
 		for n < len(cp.pending) && cp.pending[n].index <= cp.seen {

@@ -70,6 +70,19 @@ func (c *Client) WithContext(ctx context.Context) *Client {
 // Session returns the id of the client's current session.
 func (c *Client) Session() uint64 { return c.k.sess.Load().id }
 
+// Calls counts the calls a client made to the cluster.
+type Calls struct {
+	Commands int64 // Apply and Write calls: each a command through the log
+	Queries  int64 // Query and Read calls
+}
+
+// Calls returns how many commands and queries the client has sent, its
+// keepalives and capability releases included; a retried call counts
+// once.
+func (c *Client) Calls() Calls {
+	return Calls{Commands: c.k.commands.Load(), Queries: c.k.queries.Load()}
+}
+
 // Addrs returns every node address the client knows: those given to New
 // and those the cluster reported.
 func (c *Client) Addrs() []string { return c.k.t.known() }

@@ -40,6 +40,8 @@ type core struct {
 
 	caps *Caps // nil unless WithCaps
 
+	commands, queries atomic.Int64 // calls made (Client.Calls)
+
 	stop      context.CancelFunc // stops the keepalive
 	done      chan struct{}      // closed when the keepalive has stopped
 	closeOnce sync.Once
@@ -92,6 +94,7 @@ func (k *core) send(ctx context.Context, cmd *pb.Command) (*pb.Result, int, erro
 	var resp *pb.ApplyResponse
 	o := callOpts{op: opName(cmd), bytes: len(cmd.GetWrite().GetData()), leader: true}
 	sent := time.Now()
+	k.commands.Add(1)
 	n, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
 		var md metadata.MD
 		r, err := api.Apply(ctx, req, grpc.Trailer(&md))
@@ -112,6 +115,7 @@ func (k *core) sendStream(ctx context.Context, cmd *pb.Command, data []byte) (*p
 	var resp *pb.ApplyResponse
 	o := callOpts{op: "write", bytes: len(data), leader: true}
 	sent := time.Now()
+	k.commands.Add(1)
 	defer func() {
 		if resp != nil {
 			k.answered(cmd, sent, resp)
@@ -161,7 +165,7 @@ func sendFrames(st grpc.ClientStreamingClient[pb.WriteFrame, pb.ApplyResponse], 
 // answered tells the capability table that cmd, sent at sent, renewed
 // the session at the log index resp names.
 func (k *core) answered(cmd *pb.Command, sent time.Time, resp *pb.ApplyResponse) {
-	if k.caps != nil && cmd.Session != 0 && resp.GetIndex() != 0 && resp.GetResult().GetErrno() != uint32(syscall.ESTALE) {
+	if k.caps != nil && resp.GetIndex() != 0 && resp.GetResult().GetErrno() != uint32(syscall.ESTALE) {
 		k.caps.answered(sent, resp.GetIndex())
 	}
 }
@@ -177,6 +181,7 @@ func resultOf(r interface{ GetResult() *pb.Result }) *pb.Result {
 func (k *core) query(ctx context.Context, q *pb.Query, o callOpts) (*pb.Result, error) {
 	req := &pb.QueryRequest{Version: pb.Version, Query: q, Consistency: k.cfg.consistency}
 	o.leader = k.cfg.consistency == pb.Consistency_LINEARIZABLE
+	k.queries.Add(1)
 	var resp *pb.QueryResponse
 	_, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
 		var md metadata.MD
@@ -291,6 +296,7 @@ func (k *core) readStream(ctx context.Context, q *pb.ReadQuery, p []byte) (int, 
 	var eof bool
 	var errno *pb.Result
 	o := callOpts{op: "read", bytes: len(p), leader: k.cfg.consistency == pb.Consistency_LINEARIZABLE}
+	k.queries.Add(1)
 	_, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
 		req := &pb.QueryRequest{Version: pb.Version, Consistency: k.cfg.consistency, Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{
 			Handle: q.Handle, Loc: q.Loc, Offset: q.Offset + int64(n), Length: int64(len(p) - n),

@@ -114,6 +114,22 @@ func (t *tx) recalled(c *capab, revoked bool) {
 	}
 }
 
+// capCreated gives the running command's session a capability on n, which
+// it just created in dir, when it holds one on dir: a holder that cached
+// dir's listing then caches the new entry too without asking for it, as
+// CephFS hands out capabilities with a create. It returns the epoch
+// (Result.epoch), or 0.
+func (t *tx) capCreated(dir, n *inode) uint64 {
+	if t.cmdSession == 0 || t.ncaps == 0 {
+		return 0
+	}
+	if _, ok := t.caps.get(pairKey(dir.ino, t.cmdSession)); !ok {
+		return 0
+	}
+	t.putCap(&capab{session: t.cmdSession, ino: n.ino, epoch: t.index})
+	return t.index
+}
+
 // grantCaps gives the session shared capabilities on x.Inos (and their
 // entries): every inode that exists, is linked and has no recall pending.
 func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {

@@ -318,15 +318,19 @@ func (t *tx) writeFile(x *pb.WriteCmd) (*pb.Result, error) {
 		return nil, err
 	}
 	// Validated: from here on nothing fails.
+	var epoch uint64
 	switch {
 	case n == nil:
 		n = t.newInode(modeReg|x.Mode&modePerm, x.Uid, x.Gid)
 		t.addEntry(r.dir, r.name, n)
+		epoch = t.capCreated(r.dir, n)
 	case x.Truncate:
 		n = t.truncateToZero(n)
 	}
 	p.ino = n.ino
-	return t.commitWrite(n, &p, off, length), nil
+	res := t.commitWrite(n, &p, off, length)
+	res.Epoch = epoch
+	return res, nil
 }
 
 func checkExtent(off, length uint64) error {

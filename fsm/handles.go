@@ -76,9 +76,11 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 		}
 	}
 	// Validated: from here on nothing fails.
+	var epoch uint64
 	if n == nil {
 		n = t.newInode(modeReg|x.Mode&modePerm, x.Uid, x.Gid)
 		t.addEntry(create.dir, create.name, n)
+		epoch = t.capCreated(create.dir, n)
 	}
 	h := &handle{id: t.nextHandle, session: sess.id, ino: n.ino, flags: flags, excl: x.Exclusive, granted: !queued}
 	t.nextHandle++
@@ -91,7 +93,7 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 	if !queued && flags&oTrunc != 0 && n.isReg() && n.size > 0 {
 		n = t.truncateToZero(n)
 	}
-	return &pb.Result{Attr: n.attr(), Handle: h.id, Queued: queued}, nil
+	return &pb.Result{Attr: n.attr(), Handle: h.id, Queued: queued, Epoch: epoch}, nil
 }
 
 // openable checks an existing inode against the open flags.

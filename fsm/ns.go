@@ -140,7 +140,7 @@ func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 	n := t.newInode(modeDir|x.Mode&modePerm, x.Uid, x.Gid)
 	n.parent = r.dir.ino
 	t.addEntry(r.dir, r.name, n)
-	return &pb.Result{Attr: t.inode(n.ino).attr()}, nil
+	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
 }
 
 func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
@@ -163,7 +163,7 @@ func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
 	n.size = uint64(len(x.Target))
 	n.ext = &inodeExt{target: strings.Clone(x.Target)}
 	t.addEntry(r.dir, r.name, n)
-	return &pb.Result{Attr: t.inode(n.ino).attr()}, nil
+	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
 }
 
 func (t *tx) link(x *pb.LinkCmd) (*pb.Result, error) {

@@ -44,12 +44,20 @@ func newClient(t *testing.T, addrs []string, opts ...client.Option) *client.Clie
 // per binding), bazil when unset.
 var testBinding = os.Getenv("MEMFS_FUSE_BINDING")
 
+// testCaps says whether test mounts hold capabilities, as `memfs mount`
+// does by default: MEMFS_FUSE_CAPS=off mounts without.
+var testCaps = os.Getenv("MEMFS_FUSE_CAPS") != "off"
+
 // mountOn mounts the cluster reachable at addrs on a new directory with its
 // own client, and unmounts it at cleanup (tearing the connection down by
 // force if a hung request keeps it busy).
 func mountOn(t *testing.T, addrs []string, opt Options) *MountPoint {
 	t.Helper()
-	c := newClient(t, addrs)
+	var copts []client.Option
+	if testCaps {
+		copts = append(copts, client.WithCaps())
+	}
+	c := newClient(t, addrs, copts...)
 	if opt.OpTimeout == 0 {
 		opt.OpTimeout = testOpTimeout
 	}

@@ -13,17 +13,18 @@ import (
 
 // newClient connects to the --cluster addresses under cmd's context. The
 // client retries for at most --timeout and logs session trouble to stderr.
-func newClient(cmd *cobra.Command) (*client.Client, error) {
+func newClient(cmd *cobra.Command, opts ...client.Option) (*client.Client, error) {
 	addrs, err := needCluster()
 	if err != nil {
 		return nil, err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := client.New(cmd.Context(), addrs,
+	opts = append([]client.Option{
 		client.WithRetryTimeout(timeoutFlag),
 		client.WithLogger(log),
-		client.WithName("memfs "+cmd.Name()),
-	)
+		client.WithName("memfs " + cmd.Name()),
+	}, opts...)
+	c, err := client.New(cmd.Context(), addrs, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to cluster: %w", err)
 	}

@@ -37,6 +37,7 @@ var mountFlags struct {
 	debug, hugePages bool
 	cpuProfile       string
 	binding          string
+	caps             bool
 }
 
 var mountCmd = &cobra.Command{
@@ -76,6 +77,7 @@ func init() {
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
 	f.StringVar(&mountFlags.binding, "binding", fuse.BindingBazil, "FUSE library serving the mount: bazil (bazil.org/fuse) or gofuse (go-fuse: 1 MiB requests, negative entries; docs/fuse.md)")
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
+	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -198,7 +200,11 @@ func mountCluster(ctx context.Context, cmd *cobra.Command, dir string, opt fuse.
 	sctx, cancel := context.WithTimeout(ctx, timeoutFlag)
 	defer cancel()
 	cmd.SetContext(sctx)
-	c, err := newClient(cmd)
+	var copts []client.Option
+	if mountFlags.caps {
+		copts = append(copts, client.WithCaps())
+	}
+	c, err := newClient(cmd, copts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -316,7 +322,7 @@ func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
 func startUpMount(ctx context.Context, dir string, addrs []string, out io.Writer) (func(), error) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cl, err := client.New(sctx, addrs, client.WithName("memfs up --mount "+dir))
+	cl, err := client.New(sctx, addrs, client.WithName("memfs up --mount "+dir), client.WithCaps())
 	if err != nil {
 		return nil, fmt.Errorf("mount: connect: %w", err)
 	}

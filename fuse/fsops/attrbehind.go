@@ -239,11 +239,13 @@ func (o *ClientOps) staleViews() {
 func (o *ClientOps) clusterAttr(ctx context.Context, ino uint64) (Attr, syscall.Errno) {
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
+	start := o.meta.now()
 	pa, err := o.c.GetAttr(ctx, ino)
 	if err != nil {
 		return Attr{}, errnoOf("getattr", err)
 	}
 	o.seen(pa)
+	o.meta.putAttr(pa, start)
 	return attrOf(pa), 0
 }
 
@@ -281,6 +283,7 @@ func (o *ClientOps) commitLocked(ino uint64, s *attrState) error {
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
 	_, err := o.c.SetAttr(ctx, setAttrCmd(ino, held))
+	o.meta.forgetAttr(ino)
 	if err != nil {
 		errnoOf("setattr-behind", err)
 		for _, f := range o.openFiles(ino) {

@@ -52,6 +52,14 @@ type ClientOps struct {
 	cache    *dataCache
 	reads    atomic.Int64 // read RPCs sent to the cluster (tests)
 
+	// With capabilities (the client was made WithCaps): the metadata
+	// cache (nil without), the kernel's invalidator for recalls, and
+	// the handles opened without the cluster (capops.go).
+	meta       *metaCache
+	inv        atomic.Pointer[Invalidator]
+	localNext  atomic.Uint64
+	localOpens atomic.Int64
+
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
 	byHandle map[uint64]*openFile            // guarded by filesMu
@@ -65,7 +73,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 	if opt.OpTimeout <= 0 {
 		opt.OpTimeout = DefaultOpTimeout
 	}
-	return &ClientOps{
+	o := &ClientOps{
 		c: c, opt: opt,
 		capMiss:  newInoSet(capMissTTL),
 		noXattrs: newInoSet(noXattrTTL),
@@ -74,6 +82,11 @@ func New(c *client.Client, opt Options) *ClientOps {
 		byHandle: map[uint64]*openFile{},
 		attrs:    map[uint64]*attrState{},
 	}
+	if caps := c.Caps(); caps != nil {
+		o.meta = newMetaCache(caps)
+		caps.OnRecall(o.recalled)
+	}
+	return o
 }
 
 // Open-flag bits the cluster understands (Linux values).
@@ -111,11 +124,18 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 	defer guard("lookup", &e)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
+	if o.meta.on() {
+		if a, e, ok := o.cachedLookup(ctx, parent, name); ok {
+			return a, e
+		}
+	}
+	start := o.meta.now()
 	pa, err := o.c.Lookup(ctx, parent, name)
 	if err != nil {
 		return Attr{}, errnoOf("lookup", err)
 	}
 	o.seen(pa)
+	o.meta.putAttr(pa, start)
 	if o.dirty(pa.GetIno()) {
 		// The size may predate writes already acknowledged.
 		return o.GetAttr(ctx, pa.GetIno())
@@ -129,8 +149,33 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 	if a, ok, e := o.heldAttr(ctx, ino); ok || e != 0 {
 		return a, e
 	}
+	if a, ok := o.meta.attr(ino); ok && !o.dirty(ino) {
+		return a, 0
+	}
 	o.barrier(ino)
+	if o.meta.on() {
+		o.grantOne(ctx, ino)
+	}
 	return o.clusterAttr(ctx, ino)
+}
+
+// cachedLookup answers a lookup from parent's cached listing, filling it
+// first if need be; ok is false when the cluster must answer.
+func (o *ClientOps) cachedLookup(ctx context.Context, parent uint64, name string) (Attr, syscall.Errno, bool) {
+	ent, found, ok := o.meta.lookup(parent, name)
+	if !ok {
+		o.fillDir(ctx, parent)
+		if ent, found, ok = o.meta.lookup(parent, name); !ok {
+			return Attr{}, 0, false
+		}
+	}
+	if !found {
+		return Attr{}, syscall.ENOENT, true
+	}
+	if a, ok := o.meta.attr(ent.Ino); ok && !o.dirty(ent.Ino) {
+		return a, 0, true
+	}
+	return Attr{}, 0, false
 }
 
 // SetAttr implements Ops. A change of mode, owner or explicit times to a
@@ -148,7 +193,9 @@ func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a At
 	defer o.dropWindows(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
+	o.meta.forgetAttr(ino)
 	pa, err := o.c.SetAttr(ctx, setAttrCmd(ino, in))
+	o.meta.forgetAttr(ino)
 	if err != nil {
 		return Attr{}, errnoOf("setattr", err)
 	}
@@ -239,12 +286,16 @@ func (o *ClientOps) Open(ctx context.Context, ino uint64, flags int, c Caller) (
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	f := o.openFlags(flags &^ syscall.O_CREAT)
+	if out, ok := o.openLocal(ino, f); ok {
+		return out, 0
+	}
 	h, _, err := o.c.OpenLoc(ctx, inode(ino), f, 0, c.Uid, c.Gid, false, false)
 	if err != nil {
 		return OpenOut{}, errnoOf("open", err)
 	}
 	if f&syscall.O_TRUNC != 0 {
 		o.dropWindows(ino)
+		o.meta.forgetAttr(ino)
 	}
 	o.register(newOpenFile(ino, h, f&syscall.O_APPEND != 0))
 	return OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
@@ -256,9 +307,26 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	f := o.openFlags(flags) | syscall.O_CREAT
-	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), f, mode&0o7777, c.Uid, c.Gid, false, false)
+	if o.meta.on() {
+		defer o.meta.caps.Expect()()
+	}
+	res, err := o.c.Do(ctx, &pb.Command{Op: &pb.Command_Open{Open: &pb.OpenCmd{
+		Loc: entry(parent, name), Flags: f, Mode: mode & 0o7777, Uid: c.Uid, Gid: c.Gid,
+	}}})
 	if err != nil {
+		o.meta.forget(parent) // it may have been applied
 		return Attr{}, OpenOut{}, errnoOf("create", err)
+	}
+	h, pa := res.GetHandle(), res.GetAttr()
+	if res.GetEpoch() != 0 {
+		o.adopt(parent, name, res)
+	} else {
+		// An existing file opened, or a create without a capability: the
+		// listing may not say so.
+		o.meta.forget(parent)
+		if pa != nil {
+			o.meta.forgetAttr(pa.GetIno())
+		}
 	}
 	out = OpenOut{Handle: h, KeepCache: o.watching.Load()}
 	a = attrOf(pa)
@@ -290,6 +358,7 @@ func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode 
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777, c.Uid, c.Gid, false, false)
+	o.meta.forget(parent)
 	if err != nil {
 		return Attr{}, errnoOf("mknod", err)
 	}
@@ -323,8 +392,8 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 		return n, 0
 	}
 	o.reads.Add(1)
-	if handle != 0 {
-		n, err = o.c.ReadHandle(ctx, handle, off, dst)
+	if h := o.serverHandle(handle); h != 0 {
+		n, err = o.c.ReadHandle(ctx, h, off, dst)
 	} else {
 		n, err = o.c.ReadIno(ctx, ino, off, dst)
 	}
@@ -363,6 +432,7 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 		n, _, err = o.c.WriteIno(ctx, ino, off, data)
 	}
 	o.dropWindows(ino)
+	o.meta.forgetAttr(ino)
 	if err != nil {
 		return 0, errnoOf("write", err)
 	}
@@ -410,8 +480,10 @@ func (o *ClientOps) Release(ctx context.Context, _, handle uint64) (e syscall.Er
 	}
 	ctx, cancel := o.bound(context.WithoutCancel(ctx))
 	defer cancel()
-	if err := o.c.CloseHandle(ctx, handle); err != nil {
-		return errnoOf("release", err)
+	if h := o.serverHandle(handle); h != 0 {
+		if err := o.c.CloseHandle(ctx, h); err != nil {
+			return errnoOf("release", err)
+		}
 	}
 	return 0
 }
@@ -434,6 +506,23 @@ func (o *ClientOps) ReadDirPlus(ctx context.Context, ino uint64) (ents []DirEntr
 func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEntry, syscall.Errno) {
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
+	if o.meta.on() {
+		ents, ok := o.meta.list(ino)
+		if !ok {
+			o.fillDir(ctx, ino)
+			ents, ok = o.meta.list(ino)
+		}
+		if ok {
+			if plus {
+				for i := 2; i < len(ents); i++ {
+					if a, ok := o.meta.attr(ents[i].Ino); ok && !o.dirty(ents[i].Ino) {
+						ents[i].Attr = &a
+					}
+				}
+			}
+			return ents, 0
+		}
+	}
 	list := o.c.ReadDirIno
 	var dirty map[uint64]bool
 	if plus {
@@ -506,9 +595,13 @@ func (o *ClientOps) created(ctx context.Context, op string, res *pb.Result, pare
 // Mkdir implements Ops.
 func (o *ClientOps) Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
 	defer guard("mkdir", &e)
+	if o.meta.on() {
+		defer o.meta.caps.Expect()()
+	}
 	res, e := o.do(ctx, "mkdir", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{
 		Loc: entry(parent, name), Mode: mode & 0o7777, Uid: c.Uid, Gid: c.Gid,
 	}}})
+	o.createdHere(parent, name, res, e)
 	if e != 0 {
 		return Attr{}, e
 	}
@@ -548,6 +641,7 @@ func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Cal
 		return e
 	}
 	_, e = o.do(ctx, "rmdir", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: true}}})
+	o.removedHere(parent, name, e)
 	return e
 }
 
@@ -558,7 +652,9 @@ func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Ca
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
+	o.pinEntry(ctx, parent, name)
 	_, e = o.do(ctx, "unlink", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), FileOnly: true}}})
+	o.removedHere(parent, name, e)
 	o.staleViews() // the removed inode's nlink and ctime changed
 	return e
 }
@@ -572,9 +668,11 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 	if e = o.sticky(ctx, newParent, newName, c); e != 0 {
 		return e
 	}
+	o.pinEntry(ctx, newParent, newName)
 	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
 		Src: entry(parent, name), Dst: entry(newParent, newName),
 	}}})
+	o.renamedHere(parent, name, newParent, newName, e)
 	o.staleViews() // a replaced target lost a link; the renamed inode has a new ctime
 	return e
 }
@@ -582,9 +680,13 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 // Symlink implements Ops.
 func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target string, c Caller) (a Attr, e syscall.Errno) {
 	defer guard("symlink", &e)
+	if o.meta.on() {
+		defer o.meta.caps.Expect()()
+	}
 	res, e := o.do(ctx, "symlink", &pb.Command{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{
 		Loc: entry(parent, name), Target: target, Uid: c.Uid, Gid: c.Gid,
 	}}})
+	o.createdHere(parent, name, res, e)
 	if e != 0 {
 		return Attr{}, e
 	}
@@ -594,10 +696,15 @@ func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target str
 // Readlink implements Ops.
 func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e syscall.Errno) {
 	defer guard("readlink", &e)
+	if t, ok := o.meta.target(ino); ok {
+		return t, 0
+	}
+	start := o.meta.now()
 	res, e := o.query(ctx, "readlink", &pb.Query{Q: &pb.Query_Readlink{Readlink: &pb.ReadlinkQuery{Loc: inode(ino)}}})
 	if e != 0 {
 		return "", e
 	}
+	o.meta.putTarget(ino, res.GetTarget(), start)
 	return res.GetTarget(), 0
 }
 
@@ -608,6 +715,8 @@ func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName str
 	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
 		Src: inode(ino), Dst: entry(newParent, newName),
 	}}})
+	o.meta.forgetAttr(ino)
+	o.meta.forget(newParent)
 	o.staleViews() // the inode gained a link
 	if e != 0 {
 		return Attr{}, e
@@ -642,7 +751,7 @@ func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []
 	if isACL(name) {
 		return nil, syscall.EOPNOTSUPP
 	}
-	if o.noXattrs.has(ino) || name == capXattr && o.capMiss.has(ino) {
+	if o.noXattrs.has(ino) || o.meta.noXattrs(ino) || name == capXattr && o.capMiss.has(ino) {
 		return nil, syscall.ENODATA
 	}
 	res, e := o.query(ctx, "getxattr", &pb.Query{Q: &pb.Query_GetXattr{GetXattr: &pb.GetXattrQuery{Loc: inode(ino), Name: name}}})
@@ -661,7 +770,7 @@ func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []
 // ListXattr implements Ops.
 func (o *ClientOps) ListXattr(ctx context.Context, ino uint64) (names []string, e syscall.Errno) {
 	defer guard("listxattr", &e)
-	if o.noXattrs.has(ino) {
+	if o.noXattrs.has(ino) || o.meta.noXattrs(ino) {
 		return nil, 0
 	}
 	res, e := o.query(ctx, "listxattr", &pb.Query{Q: &pb.Query_ListXattr{ListXattr: &pb.ListXattrQuery{Loc: inode(ino)}}})

@@ -161,7 +161,13 @@ func (o *ClientOps) window(f *openFile, start int64) *window {
 		defer cancel()
 		buf := make([]byte, raWindow)
 		o.reads.Add(1)
-		n, err := o.c.ReadHandle(ctx, f.handle, start, buf)
+		var n int
+		var err error
+		if h := o.serverHandle(f.handle); h != 0 {
+			n, err = o.c.ReadHandle(ctx, h, start, buf)
+		} else {
+			n, err = o.c.ReadIno(ctx, f.ino, start, buf)
+		}
 		w.data, w.err = buf[:n], err
 	})
 }

@@ -34,6 +34,7 @@ const maxBatch = 256
 // its own cache: the cluster's results do not carry the log index that
 // would tell them apart.
 func (o *ClientOps) Watch(ctx context.Context, inv Invalidator) {
+	o.inv.Store(&inv)
 	for ctx.Err() == nil {
 		ch, err := o.c.Watch(ctx)
 		if err != nil {

@@ -46,6 +46,9 @@ const (
 type openFile struct {
 	ino, handle uint64
 	append      bool
+	// remote is the cluster handle a local handle (capops.go) was pinned
+	// with; 0 before.
+	remote atomic.Uint64
 
 	// sendMu is held from taking the buffer until its commit is counted in
 	// flight, so buffers claim their ranges in the order they were filled
@@ -86,11 +89,17 @@ func (o *ClientOps) register(f *openFile) {
 	}
 	o.files[f.ino][f.handle] = f
 	o.byHandle[f.handle] = f
+	if isLocal(f.handle) {
+		o.localOpens.Add(1)
+	}
 }
 
 func (o *ClientOps) unregister(f *openFile) {
 	o.filesMu.Lock()
 	defer o.filesMu.Unlock()
+	if _, ok := o.byHandle[f.handle]; ok && isLocal(f.handle) {
+		o.localOpens.Add(-1)
+	}
 	delete(o.files[f.ino], f.handle)
 	delete(o.byHandle, f.handle)
 	if len(o.files[f.ino]) == 0 {
@@ -238,8 +247,10 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
 		n, _, err := o.c.WriteHandle(ctx, f.handle, off, buf)
-		// A read window fetched before this commit may hold the old bytes.
+		// A read window fetched before this commit may hold the old bytes,
+		// and cached attributes the old size and times.
 		o.dropWindows(f.ino)
+		o.meta.forgetAttr(f.ino)
 		if err == nil && n != len(buf) {
 			err = syscall.EIO
 		}

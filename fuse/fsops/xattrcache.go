@@ -87,4 +87,5 @@ func (o *ClientOps) seen(a *pb.Attr) {
 func (o *ClientOps) forgetXattrs(ino uint64) {
 	o.capMiss.drop(ino)
 	o.noXattrs.drop(ino)
+	o.meta.forgetAttr(ino)
 }

@@ -1,0 +1,147 @@
+package fsops
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/server"
+)
+
+// newCapOps is newOps with a client that holds capabilities (and a lease
+// long enough that no keepalive falls inside a test's counting).
+func newCapOps(t *testing.T) (*ClientOps, *client.Client, *client.Client) {
+	t.Helper()
+	cl := server.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cl.APIAddrs(), client.WithCaps(), client.WithLease(60*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	other, err := client.New(ctx, cl.APIAddrs())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	return New(c, Options{}), c, other
+}
+
+// TestCapsAnswerLocally: once a directory was read under capabilities,
+// lookups (of missing names too), stats, listings and read-only opens
+// and releases of its files cost no call to the cluster; another
+// client's change is seen as soon as its call returns.
+func TestCapsAnswerLocally(t *testing.T) {
+	ops, c, other := newCapOps(t)
+	ctx := context.Background()
+	require.NoError(t, other.MkdirAll("/d", 0o755))
+	for i := range 5 {
+		require.NoError(t, other.WriteFile(fmt.Sprintf("/d/f%d", i), []byte("hello"), 0o644))
+	}
+
+	round := func() (d Attr) {
+		d, e := ops.Lookup(ctx, RootIno, "d")
+		require.Zero(t, e)
+		_, e = ops.Lookup(ctx, d.Ino, "missing")
+		require.Equal(t, syscall.ENOENT, e)
+		ents, e := ops.ReadDirPlus(ctx, d.Ino)
+		require.Zero(t, e)
+		require.Len(t, ents, 7)
+		for _, ent := range ents[2:] {
+			require.NotNil(t, ent.Attr, ent.Name)
+			a, e := ops.GetAttr(ctx, ent.Ino)
+			require.Zero(t, e)
+			require.EqualValues(t, 5, a.Size)
+			out, e := ops.Open(ctx, ent.Ino, syscall.O_RDONLY, root)
+			require.Zero(t, e)
+			require.Zero(t, ops.Flush(ctx, ent.Ino, out.Handle))
+			require.Zero(t, ops.Release(ctx, ent.Ino, out.Handle))
+		}
+		return d
+	}
+	round()
+	before := c.Calls()
+	d := round()
+	require.Equal(t, before, c.Calls(), "the second round asked the cluster")
+
+	// Another client's write is seen when its call returns: the write
+	// waited for this mount to give the capability back.
+	f0, e := ops.Lookup(ctx, d.Ino, "f0")
+	require.Zero(t, e)
+	require.NoError(t, other.WriteFile("/d/f0", []byte("hello, world"), 0o644))
+	a, e := ops.GetAttr(ctx, f0.Ino)
+	require.Zero(t, e)
+	require.EqualValues(t, 12, a.Size)
+	require.NoError(t, other.WriteFile("/d/new", nil, 0o644))
+	_, e = ops.Lookup(ctx, d.Ino, "new")
+	require.Zero(t, e)
+
+	// A file opened here without the cluster stays readable when another
+	// client unlinks it.
+	f1, e := ops.Lookup(ctx, d.Ino, "f1")
+	require.Zero(t, e)
+	out, e := ops.Open(ctx, f1.Ino, syscall.O_RDONLY, root)
+	require.Zero(t, e)
+	require.True(t, isLocal(out.Handle))
+	require.NoError(t, other.Remove("/d/f1"))
+	_, e = ops.Lookup(ctx, d.Ino, "f1")
+	require.Equal(t, syscall.ENOENT, e)
+	buf := make([]byte, 16)
+	n, e := ops.Read(ctx, f1.Ino, out.Handle, 0, buf)
+	require.Zero(t, e)
+	require.Equal(t, "hello", string(buf[:n]))
+	require.Zero(t, ops.Release(ctx, f1.Ino, out.Handle))
+}
+
+// TestCapsOwnChanges: what this mount changes itself (creates, renames,
+// unlinks, writes) is answered at once from the cache, as the cluster has
+// it.
+func TestCapsOwnChanges(t *testing.T) {
+	ops, _, other := newCapOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "d", 0o755, root)
+	require.Zero(t, e)
+	_, e = ops.Lookup(ctx, d.Ino, "a") // fills the listing
+	require.Equal(t, syscall.ENOENT, e)
+	a, out, e := ops.Create(ctx, d.Ino, "a", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("abc"))
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	got, e := ops.Lookup(ctx, d.Ino, "a")
+	require.Zero(t, e)
+	require.EqualValues(t, 3, got.Size)
+	require.Zero(t, ops.Rename(ctx, d.Ino, "a", d.Ino, "b", root))
+	_, e = ops.Lookup(ctx, d.Ino, "a")
+	require.Equal(t, syscall.ENOENT, e)
+	_, e = ops.Lookup(ctx, d.Ino, "b")
+	require.Zero(t, e)
+	sub, e := ops.Mkdir(ctx, d.Ino, "sub", 0o755, root)
+	require.Zero(t, e)
+	require.Zero(t, ops.Rename(ctx, d.Ino, "b", sub.Ino, "c", root))
+	ents, e := ops.ReadDir(ctx, sub.Ino)
+	require.Zero(t, e)
+	require.Equal(t, []string{".", "..", "c"}, names(ents))
+	require.Equal(t, d.Ino, ents[1].Ino)
+	require.Zero(t, ops.Unlink(ctx, sub.Ino, "c", root))
+	ents, e = ops.ReadDir(ctx, sub.Ino)
+	require.Zero(t, e)
+	require.Equal(t, []string{".", ".."}, names(ents))
+	ents, e = ops.ReadDir(ctx, d.Ino)
+	require.Zero(t, e)
+	require.Equal(t, []string{".", "..", "sub"}, names(ents))
+	// The cluster agrees.
+	des, err := other.ReadDirIno(ctx, d.Ino)
+	require.NoError(t, err)
+	require.Len(t, des, 1)
+}
+
+func names(ents []DirEntry) []string {
+	out := make([]string, len(ents))
+	for i, e := range ents {
+		out[i] = e.Name
+	}
+	return out
+}

@@ -1,0 +1,391 @@
+package fsops
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// The metadata cache. With capabilities (Options.Caps), the mount keeps
+// the attributes, directory listings and symlink targets it read under a
+// capability and answers lookup (of missing names too), getattr, readdir,
+// readlink and the xattr calls of an inode with none from them, without a
+// round trip, for as long as client.Caps.Held says the capability can be
+// trusted. Nothing else may change a held inode: another session's change
+// first recalls the capability, and the recall drops what is cached here
+// (and in the kernel) before the capability goes back. What this mount
+// changes itself is dropped around its own commands (forget), since the
+// cluster does not recall a session's capabilities from itself.
+//
+// A fill (a query made to be kept) notes the cache's clock before it
+// asks the cluster; it is kept only if nothing dropped its inode since, so
+// an answer that raced a recall or a change of this mount is never kept.
+//
+// LOCK ORDERING: metaCache.mu is a leaf.
+
+// maxFillEntries bounds the directories filled whole: a larger one is
+// answered from the cluster as without capabilities.
+const maxFillEntries = 1 << 15
+
+// maxMetaInodes bounds the inodes cached; past it everything is dropped
+// and the capabilities given back.
+const maxMetaInodes = 1 << 18
+
+type metaEntry struct {
+	attr    Attr
+	hasAttr bool
+	xattrs  int32 // xattrs the inode has; -1 unknown
+	dir     *listing
+	target  string // symlinks: the target, when read
+}
+
+// listing is a directory's complete list of entries, in the cluster's
+// (name) order.
+type listing struct {
+	parent uint64
+	ents   []DirEntry
+	byName map[string]int
+}
+
+// add puts ent in the listing (replacing an entry of its name).
+func (l *listing) add(ent DirEntry) {
+	if i, ok := l.byName[ent.Name]; ok {
+		l.ents[i] = ent
+		return
+	}
+	i, _ := slices.BinarySearchFunc(l.ents, ent.Name, func(e DirEntry, name string) int { return strings.Compare(e.Name, name) })
+	l.ents = slices.Insert(l.ents, i, ent)
+	l.reindex(i)
+}
+
+// remove takes name out of the listing.
+func (l *listing) remove(name string) {
+	i, ok := l.byName[name]
+	if !ok {
+		return
+	}
+	delete(l.byName, name)
+	l.ents = slices.Delete(l.ents, i, i+1)
+	l.reindex(i)
+}
+
+func (l *listing) reindex(from int) {
+	for j := from; j < len(l.ents); j++ {
+		l.byName[l.ents[j].Name] = j
+	}
+}
+
+type metaCache struct {
+	caps *client.Caps
+
+	mu      sync.Mutex
+	m       map[uint64]*metaEntry // guarded by mu
+	clock   uint64                // guarded by mu: counts drops
+	dropped map[uint64]uint64     // guarded by mu: ino → clock of its last drop
+	floor   uint64                // guarded by mu: fills older than this are refused
+
+	fillMu  sync.Mutex
+	filling map[uint64]chan struct{} // guarded by fillMu: directory fills in flight
+}
+
+func newMetaCache(caps *client.Caps) *metaCache {
+	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, filling: map[uint64]chan struct{}{}}
+}
+
+// on reports whether the cache is in use.
+func (c *metaCache) on() bool { return c != nil }
+
+// now returns the clock a fill notes before asking the cluster.
+func (c *metaCache) now() uint64 {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.clock
+}
+
+// keepable reports whether a fill begun at start may keep what it read of
+// ino. Called with mu held.
+func (c *metaCache) keepable(ino, start uint64) bool {
+	return start >= c.floor && c.dropped[ino] <= start && c.caps.Held(ino)
+}
+
+func (c *metaCache) entryLocked(ino uint64) *metaEntry {
+	e := c.m[ino]
+	if e == nil {
+		e = &metaEntry{xattrs: -1}
+		c.m[ino] = e
+	}
+	return e
+}
+
+// putAttr keeps a of a fill begun at start.
+func (c *metaCache) putAttr(a *pb.Attr, start uint64) {
+	if c == nil || a == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.putAttrLocked(a, start)
+}
+
+func (c *metaCache) putAttrLocked(a *pb.Attr, start uint64) {
+	if !c.keepable(a.GetIno(), start) {
+		return
+	}
+	e := c.entryLocked(a.GetIno())
+	e.attr, e.hasAttr = attrOf(a), true
+	e.xattrs = -1
+	if a.Xattrs != nil {
+		e.xattrs = int32(*a.Xattrs)
+	}
+}
+
+// attr returns ino's cached attributes while its capability holds.
+func (c *metaCache) attr(ino uint64) (Attr, bool) {
+	if c == nil || !c.caps.Held(ino) {
+		return Attr{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	if e == nil || !e.hasAttr {
+		return Attr{}, false
+	}
+	return e.attr, true
+}
+
+// noXattrs reports whether ino is known, under its capability, to have no
+// xattrs.
+func (c *metaCache) noXattrs(ino uint64) bool {
+	if c == nil || !c.caps.Held(ino) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	return e != nil && e.xattrs == 0
+}
+
+// lookup answers name in directory parent from its cached listing: the
+// entry, or found false for a name the directory does not have. ok is
+// false when the listing is not cached.
+func (c *metaCache) lookup(parent uint64, name string) (ent DirEntry, found, ok bool) {
+	if c == nil || !c.caps.Held(parent) {
+		return DirEntry{}, false, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[parent]
+	if e == nil || e.dir == nil {
+		return DirEntry{}, false, false
+	}
+	i, found := e.dir.byName[name]
+	if !found {
+		return DirEntry{}, false, true
+	}
+	return e.dir.ents[i], true, true
+}
+
+// list returns parent's cached listing ("." and ".." first).
+func (c *metaCache) list(ino uint64) ([]DirEntry, bool) {
+	if c == nil || !c.caps.Held(ino) {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	if e == nil || e.dir == nil {
+		return nil, false
+	}
+	out := make([]DirEntry, 0, len(e.dir.ents)+2)
+	out = append(out,
+		DirEntry{Name: ".", Ino: ino, Mode: syscall.S_IFDIR},
+		DirEntry{Name: "..", Ino: e.dir.parent, Mode: syscall.S_IFDIR})
+	return append(out, e.dir.ents...), true
+}
+
+// target returns a symlink's cached target.
+func (c *metaCache) target(ino uint64) (string, bool) {
+	if c == nil || !c.caps.Held(ino) {
+		return "", false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	if e == nil || e.target == "" {
+		return "", false
+	}
+	return e.target, true
+}
+
+func (c *metaCache) putTarget(ino uint64, target string, start uint64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.keepable(ino, start) && target != "" {
+		c.entryLocked(ino).target = target
+	}
+}
+
+// forget drops what is cached of inos: their attributes, listings and
+// targets. The mount calls it before and after each of its own changes.
+func (c *metaCache) forget(inos ...uint64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock++
+	for _, ino := range inos {
+		delete(c.m, ino)
+		c.dropped[ino] = c.clock
+	}
+	if len(c.dropped) > maxMetaInodes {
+		clear(c.dropped)
+		c.floor = c.clock + 1
+	}
+}
+
+// forgetAttr drops ino's attributes (and refuses fills in flight) but
+// keeps its listing: for a change of this mount's that edits the listing
+// itself (edit), or that changes attributes only.
+func (c *metaCache) forgetAttr(inos ...uint64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetAttrLocked(inos...)
+}
+
+func (c *metaCache) forgetAttrLocked(inos ...uint64) {
+	c.clock++
+	for _, ino := range inos {
+		if e := c.m[ino]; e != nil {
+			e.hasAttr, e.xattrs = false, -1
+		}
+		c.dropped[ino] = c.clock
+	}
+}
+
+// edit applies a change this mount made to directory dir's listing, when
+// it is cached, and drops dir's attributes (its times changed). The
+// capability on dir guarantees that nobody else changed the listing, so
+// the edited listing is the cluster's.
+func (c *metaCache) edit(dir uint64, fn func(l *listing)) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetAttrLocked(dir)
+	if e := c.m[dir]; e != nil && e.dir != nil {
+		fn(e.dir)
+	}
+}
+
+// forgetAll drops everything.
+func (c *metaCache) forgetAll() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock++
+	clear(c.m)
+	clear(c.dropped)
+	c.floor = c.clock + 1
+}
+
+// fillDir reads directory ino whole under capabilities on it and its
+// entries, and keeps the listing and the entries' attributes. Concurrent
+// fills of one directory wait for the first.
+func (o *ClientOps) fillDir(ctx context.Context, ino uint64) {
+	c := o.meta
+	c.fillMu.Lock()
+	if ch, ok := c.filling[ino]; ok {
+		c.fillMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		return
+	}
+	ch := make(chan struct{})
+	c.filling[ino] = ch
+	c.fillMu.Unlock()
+	defer func() {
+		c.fillMu.Lock()
+		delete(c.filling, ino)
+		c.fillMu.Unlock()
+		close(ch)
+	}()
+
+	start := c.now()
+	if _, err := c.caps.Grant(ctx, []uint64{ino}, true); err != nil {
+		return // answered from the cluster instead
+	}
+	// Right after the mount started, the first renewal may not have been
+	// seen on the change stream yet.
+	c.caps.WaitTrusted(ctx, 100*time.Millisecond)
+	des, err := o.c.ReadDirPlusIno(ctx, ino)
+	if err != nil || len(des) > maxFillEntries {
+		return
+	}
+	parent := ino
+	if ino != RootIno {
+		pa, err := o.c.Lookup(ctx, ino, "..")
+		if err != nil {
+			return
+		}
+		parent = pa.GetIno()
+	}
+	l := &listing{parent: parent, ents: make([]DirEntry, 0, len(des)), byName: make(map[string]int, len(des))}
+	for _, d := range des {
+		l.byName[d.GetName()] = len(l.ents)
+		l.ents = append(l.ents, DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()})
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.keepable(ino, start) {
+		return
+	}
+	c.entryLocked(ino).dir = l
+	for _, d := range des {
+		if d.GetAttr() != nil {
+			c.putAttrLocked(d.GetAttr(), start)
+		}
+	}
+	if len(c.m) > maxMetaInodes {
+		go o.meta.shed()
+	}
+}
+
+// shed drops the whole cache and gives its capabilities back, when it
+// outgrew maxMetaInodes.
+func (c *metaCache) shed() {
+	c.mu.Lock()
+	inos := slices.Collect(maps.Keys(c.m))
+	c.mu.Unlock()
+	c.forgetAll()
+	c.caps.Release(inos...)
+}
+
+// grantOne asks for a capability on ino alone, for an inode reached
+// without its directory's listing (the root, or a handle's inode).
+func (o *ClientOps) grantOne(ctx context.Context, ino uint64) {
+	if o.meta.on() && !o.meta.caps.Held(ino) {
+		_, _ = o.meta.caps.Grant(ctx, []uint64{ino}, false)
+	}
+}
