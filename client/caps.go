@@ -101,6 +101,18 @@ func (cp *Caps) Held(ino uint64) bool {
 	return ok && cp.trustedLocked()
 }
 
+// TrustedFor is how much longer the capabilities held can be trusted
+// without another renewal seen on the change stream (0: not now). A cache
+// must not let anything it answered under them live longer.
+func (cp *Caps) TrustedFor() time.Duration {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if !cp.trustedLocked() {
+		return 0
+	}
+	return time.Until(cp.until)
+}
+
 // Trusted reports whether the capabilities held can be trusted now.
 func (cp *Caps) Trusted() bool {
 	cp.mu.Lock()

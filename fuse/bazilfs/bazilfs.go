@@ -193,6 +193,9 @@ func caller(h *fuse.Header) fsops.Caller {
 // fillAttr converts fsops attributes into bazil's.
 func (f *FS) fillAttr(out *fuse.Attr, a fsops.Attr) {
 	out.Valid = f.cfg.AttrTimeout
+	if a.Valid > 0 {
+		out.Valid = a.Valid
+	}
 	out.Inode = a.Ino
 	out.Size = a.Size
 	out.Blocks = a.Blocks

@@ -70,6 +70,9 @@ func (n node) Lookup(ctx context.Context, req *fuse.LookupRequest, resp *fuse.Lo
 		return nil, e
 	}
 	resp.EntryValid = n.fs.cfg.EntryTimeout
+	if at.Valid > 0 {
+		resp.EntryValid = at.Valid
+	}
 	return n.fs.newNode(at), nil
 }
 

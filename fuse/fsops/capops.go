@@ -78,6 +78,8 @@ func (o *ClientOps) pinEntry(ctx context.Context, parent uint64, name string) {
 	if o.localOpens.Load() == 0 {
 		return
 	}
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
 	ino := uint64(0)
 	if ent, found, ok := o.meta.lookup(parent, name); ok {
 		if !found {
@@ -96,10 +98,19 @@ func (o *ClientOps) pinEntry(ctx context.Context, parent uint64, name string) {
 // mount and the kernel cached of them, and files opened locally are
 // pinned, before the capabilities go back.
 func (o *ClientOps) recalled(inos []uint64) {
-	o.meta.forget(inos...)
+	names := o.meta.forget(inos...)
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
 	inv := o.invalidator()
+	if inv != nil {
+		// The kernel cached names of a held directory for as long as the
+		// capability was trusted (Attr.Valid): they go first.
+		for dir, ns := range names {
+			for _, n := range ns {
+				inv.InvalidateEntry(dir, n)
+			}
+		}
+	}
 	for _, ino := range inos {
 		o.dropWindows(ino)
 		o.noXattrs.drop(ino)

@@ -154,7 +154,11 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 	}
 	o.barrier(ino)
 	if o.meta.on() {
+		// One bound for the grant and the query together.
+		ctx, cancel := o.bound(ctx)
+		defer cancel()
 		o.grantOne(ctx, ino)
+		return o.clusterAttr(ctx, ino)
 	}
 	return o.clusterAttr(ctx, ino)
 }

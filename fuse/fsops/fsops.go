@@ -45,6 +45,11 @@ type Attr struct {
 	Mtime  time.Time
 	Ctime  time.Time
 	Gen    uint64
+	// Valid, when not 0, is how long the kernel may cache these
+	// attributes (and the name that led to them) instead of the mount's
+	// attribute timeout: what the mount's capabilities guarantee
+	// (metacache.go).
+	Valid time.Duration
 }
 
 // IsDir reports whether the attributes are a directory's.

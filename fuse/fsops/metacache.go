@@ -52,6 +52,24 @@ type listing struct {
 	parent uint64
 	ents   []DirEntry
 	byName map[string]int
+	// missing holds names answered as missing, which a kernel that
+	// caches negative entries may hold: a recall invalidates them too.
+	missing map[string]struct{}
+}
+
+// maxMissing bounds the missing names remembered per directory.
+const maxMissing = 4096
+
+// names is every name the kernel may hold an entry of in this directory.
+func (l *listing) names() []string {
+	out := make([]string, 0, len(l.ents)+len(l.missing))
+	for _, e := range l.ents {
+		out = append(out, e.Name)
+	}
+	for n := range l.missing {
+		out = append(out, n)
+	}
+	return out
 }
 
 // add puts ent in the listing (replacing an entry of its name).
@@ -154,13 +172,16 @@ func (c *metaCache) attr(ino uint64) (Attr, bool) {
 	if c == nil || !c.caps.Held(ino) {
 		return Attr{}, false
 	}
+	valid := c.caps.TrustedFor()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.m[ino]
-	if e == nil || !e.hasAttr {
+	if e == nil || !e.hasAttr || valid <= 0 {
 		return Attr{}, false
 	}
-	return e.attr, true
+	a := e.attr
+	a.Valid = valid
+	return a, true
 }
 
 // noXattrs reports whether ino is known, under its capability, to have no
@@ -190,6 +211,9 @@ func (c *metaCache) lookup(parent uint64, name string) (ent DirEntry, found, ok 
 	}
 	i, found := e.dir.byName[name]
 	if !found {
+		if len(e.dir.missing) < maxMissing {
+			e.dir.missing[name] = struct{}{}
+		}
 		return DirEntry{}, false, true
 	}
 	return e.dir.ents[i], true, true
@@ -239,15 +263,22 @@ func (c *metaCache) putTarget(ino uint64, target string, start uint64) {
 }
 
 // forget drops what is cached of inos: their attributes, listings and
-// targets. The mount calls it before and after each of its own changes.
-func (c *metaCache) forget(inos ...uint64) {
+// targets. It returns the names of the listings dropped, by directory.
+func (c *metaCache) forget(inos ...uint64) map[uint64][]string {
 	if c == nil {
-		return
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clock++
+	var names map[uint64][]string
 	for _, ino := range inos {
+		if e := c.m[ino]; e != nil && e.dir != nil {
+			if names == nil {
+				names = map[uint64][]string{}
+			}
+			names[ino] = e.dir.names()
+		}
 		delete(c.m, ino)
 		c.dropped[ino] = c.clock
 	}
@@ -255,6 +286,7 @@ func (c *metaCache) forget(inos ...uint64) {
 		clear(c.dropped)
 		c.floor = c.clock + 1
 	}
+	return names
 }
 
 // forgetAttr drops ino's attributes (and refuses fills in flight) but
@@ -351,7 +383,7 @@ func (o *ClientOps) fillDir(ctx context.Context, ino uint64) {
 		}
 		parent = pa.GetIno()
 	}
-	l := &listing{parent: parent, ents: make([]DirEntry, 0, len(des)), byName: make(map[string]int, len(des))}
+	l := &listing{parent: parent, ents: make([]DirEntry, 0, len(des)), byName: make(map[string]int, len(des)), missing: map[string]struct{}{}}
 	for _, d := range des {
 		l.byName[d.GetName()] = len(l.ents)
 		l.ents = append(l.ents, DirEntry{Name: d.GetName(), Ino: d.GetIno(), Mode: d.GetMode()})

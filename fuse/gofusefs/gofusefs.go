@@ -194,8 +194,12 @@ func fillAttr(out *fuse.Attr, a fsops.Attr) {
 func (f *FS) entry(out *fuse.EntryOut, a fsops.Attr) {
 	out.NodeId = a.Ino
 	out.Generation = a.Gen
-	out.SetEntryTimeout(f.cfg.AttrTimeout)
-	out.SetAttrTimeout(f.cfg.AttrTimeout)
+	t := f.cfg.AttrTimeout
+	if a.Valid > 0 {
+		t = a.Valid
+	}
+	out.SetEntryTimeout(t)
+	out.SetAttrTimeout(t)
 	fillAttr(&out.Attr, a)
 	f.lookups.Add(a.Ino)
 }

@@ -36,7 +36,11 @@ func (f *FS) attrResult(out *fuse.AttrOut, a fsops.Attr, e syscall.Errno) fuse.S
 	if e != 0 {
 		return status(e)
 	}
-	out.SetTimeout(f.cfg.AttrTimeout)
+	t := f.cfg.AttrTimeout
+	if a.Valid > 0 {
+		t = a.Valid
+	}
+	out.SetTimeout(t)
 	fillAttr(&out.Attr, a)
 	return fuse.OK
 }
