@@ -49,6 +49,7 @@ type Stats struct {
 	LogicalBytes uint64 // sum of regular file sizes
 	Block        block.Stats
 	Sessions     uint64
+	Caps         uint64 // capabilities held, over all sessions
 	ChunkSize    int
 }
 

@@ -200,6 +200,7 @@ func (f *FSM) Stats() Stats {
 		LogicalBytes: s.logical,
 		Block:        s.blocks.Stats(),
 		Sessions:     uint64(s.sessions.t.Len()),
+		Caps:         s.ncaps,
 		ChunkSize:    int(s.chunkSize),
 	}
 }
