@@ -89,6 +89,7 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 	gauge("fsm_memory_limit_bytes", "Block memory budget (0 = none).",
 		func(s fsm.Stats) float64 { return float64(s.Block.Limit) })
 	gauge("fsm_sessions", "Open client sessions.", func(s fsm.Stats) float64 { return float64(s.Sessions) })
+	gauge("fsm_capabilities", "Capabilities held by client sessions.", func(s fsm.Stats) float64 { return float64(s.Caps) })
 	gauge("fsm_shared_bytes", "Bytes of stored blocks held by more than one reference.",
 		func(s fsm.Stats) float64 { return float64(s.Block.SharedBytes) })
 	gauge("fsm_ref_bytes", "Bytes covered by all block references (what a store without dedup would hold).",
