@@ -2,13 +2,16 @@ package client_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -97,4 +100,52 @@ func BenchmarkWrite1MiB(b *testing.B) {
 		})
 	}
 	wg.Wait()
+}
+
+// BenchmarkRecall measures what a write costs when another session holds
+// a capability on the file: "none" with no holder, "live" with a holder
+// that answers the recall (it grants the file again before each write),
+// "dead" with a holder that never answers (lease 1 s). It reports the
+// writes' p50 and p99.
+func BenchmarkRecall(b *testing.B) {
+	for _, holder := range []string{"none", "live", "dead"} {
+		b.Run(holder, func(b *testing.B) {
+			c := server.StartCluster(b, 3)
+			ctx := b.Context()
+			opts := []client.Option{client.WithCaps()}
+			if holder == "dead" {
+				opts = []client.Option{client.WithLease(time.Second)}
+			}
+			h, err := client.New(ctx, c.APIAddrs(), opts...)
+			require.NoError(b, err)
+			defer h.Close()
+			w, err := client.New(ctx, c.APIAddrs())
+			require.NoError(b, err)
+			defer w.Close()
+			require.NoError(b, w.WriteFile("/f", []byte("x"), 0o644))
+			st, err := w.Stat("/f")
+			require.NoError(b, err)
+			ino := st.Sys().(*pb.Attr).Ino
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				switch holder {
+				case "live":
+					_, err = h.Caps().Grant(ctx, []uint64{ino}, false)
+				case "dead":
+					_, err = h.Do(ctx, &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: []uint64{ino}}}})
+				}
+				require.NoError(b, err)
+				b.StartTimer()
+				start := time.Now()
+				_, _, err = w.WriteIno(ctx, ino, 0, []byte("y"))
+				lat = append(lat, time.Since(start))
+				require.NoError(b, err)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+		})
+	}
 }
