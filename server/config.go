@@ -89,6 +89,10 @@ type Config struct {
 	// even when its chunks are already stored (see docs/dedup.md); for
 	// measuring what dedup on the wire saves.
 	DisableWireDedup bool
+	// DisableReadLease makes every linearizable read on the leader wait for
+	// a VerifyLeader round instead of answering under the read lease
+	// (docs/protocol.md, "Reads and consistency"). Set it alike on all nodes.
+	DisableReadLease bool
 
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning

@@ -40,6 +40,7 @@ type Node struct {
 	unixLis  net.Listener
 	batcher  *batcher
 	verifier *verifier
+	lease    *readLease // see readindex.go
 	ready    *leaderReady
 	peers    *peers
 	watchers *watchers
@@ -118,12 +119,14 @@ func (n *Node) start(ctx context.Context) error {
 	// An ephemeral node that starts empty and joins may be an old member
 	// back with amnesia: it stays out of elections until caught up.
 	n.gate = newVoteGate(n.trans, n.cfg.ID, n.cfg.Ephemeral && !hasState && len(n.cfg.Join) > 0)
-	n.trans = n.gate
+	n.lease = newReadLease(n.cfg, hasState)
+	n.trans = n.lease.transport(n.gate) // wraps the gate: see readindex.go
 	if err := n.startRaft(hasState); err != nil {
 		return err
 	}
 	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics, n.cfg.MemoryLimit, watch)
 	n.verifier = &verifier{raft: n.raft}
+	n.lease.attach(liveRaft{n.raft})
 	n.serve()
 	n.goBackground(n.leaderLoop)
 	n.goBackground(n.tickLoop)

@@ -151,7 +151,7 @@ func (n *Node) readBarrier(ctx context.Context) error {
 		return raft.ErrLeadershipLost
 	}
 	idx := max(n.raft.CommitIndex(), readyIdx)
-	if err := n.verifier.verify(ctx); err != nil {
+	if err := n.confirmLeadership(ctx, term); err != nil {
 		return err
 	}
 	if n.raft.CurrentTerm() != term {

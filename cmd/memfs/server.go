@@ -33,6 +33,7 @@ var serverFlags struct {
 	logStore, memoryLimit, chunkSize, metricsAddr, gcHeadroom      string
 	logLevel, logFormat, raftLogLevel                              string
 	tuning                                                         server.RaftTuning
+	readLease                                                      bool
 }
 
 var serverCmd = &cobra.Command{
@@ -69,6 +70,7 @@ func init() {
 	f.StringVar(&sf.gcHeadroom, "gc-headroom", "256MiB", "heap the Go GC may add past live data before collecting, instead of GOGC's 100% of it; 0 keeps GOGC (docs/operations.md)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
+	f.BoolVar(&sf.readLease, "read-lease", true, "as leader, answer linearizable reads under a lease instead of a heartbeat round each; set alike on all nodes (docs/protocol.md)")
 	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and Go profiles at /debug/pprof/")
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
@@ -127,7 +129,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		Bootstrap: sf.bootstrap, Join: sf.join, NonVoter: sf.nonvoter,
 		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
 		MemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
-		Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
+		DisableReadLease: !sf.readLease, Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
