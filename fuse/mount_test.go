@@ -369,6 +369,12 @@ func TestMountSurvivesLeaderKill(t *testing.T) {
 		}
 	}()
 	countFiles := func() int {
+		select {
+		case err := <-done:
+			require.NoError(t, err, "the writer stopped") // and nil: it must not stop by itself
+			t.Fatal("the writer stopped")
+		default:
+		}
 		ents, _ := os.ReadDir(m.Dir())
 		return len(ents)
 	}

@@ -282,8 +282,9 @@ func (o *ClientOps) commitLocked(ino uint64, s *attrState) error {
 	s.held, s.any, s.viewSet = SetAttrIn{}, false, false
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
-	_, err := o.c.SetAttr(ctx, setAttrCmd(ino, held))
-	o.meta.forgetAttr(ino)
+	start := o.meta.commit(ino)
+	pa, err := o.c.SetAttr(ctx, setAttrCmd(ino, held))
+	o.meta.committed(ino, pa, start)
 	if err != nil {
 		errnoOf("setattr-behind", err)
 		for _, f := range o.openFiles(ino) {

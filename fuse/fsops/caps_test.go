@@ -99,7 +99,7 @@ func TestCapsAnswerLocally(t *testing.T) {
 // unlinks, writes) is answered at once from the cache, as the cluster has
 // it.
 func TestCapsOwnChanges(t *testing.T) {
-	ops, _, other := newCapOps(t)
+	ops, c, other := newCapOps(t)
 	ctx := context.Background()
 	d, e := ops.Mkdir(ctx, RootIno, "d", 0o755, root)
 	require.Zero(t, e)
@@ -110,9 +110,14 @@ func TestCapsOwnChanges(t *testing.T) {
 	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("abc"))
 	require.Zero(t, e)
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	before := c.Calls()
 	got, e := ops.Lookup(ctx, d.Ino, "a")
 	require.Zero(t, e)
 	require.EqualValues(t, 3, got.Size)
+	got, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.EqualValues(t, 3, got.Size)
+	require.Equal(t, before, c.Calls(), "the attributes of this mount's own write were asked for")
 	require.Zero(t, ops.Rename(ctx, d.Ino, "a", d.Ino, "b", root))
 	_, e = ops.Lookup(ctx, d.Ino, "a")
 	require.Equal(t, syscall.ENOENT, e)

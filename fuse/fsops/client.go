@@ -197,9 +197,9 @@ func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a At
 	defer o.dropWindows(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
-	o.meta.forgetAttr(ino)
+	start := o.meta.commit(ino)
 	pa, err := o.c.SetAttr(ctx, setAttrCmd(ino, in))
-	o.meta.forgetAttr(ino)
+	o.meta.committed(ino, pa, start)
 	if err != nil {
 		return Attr{}, errnoOf("setattr", err)
 	}
@@ -430,13 +430,15 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	var err error
+	var pa *pb.Attr
+	start := o.meta.commit(ino)
 	if handle != 0 {
-		n, _, err = o.c.WriteHandle(ctx, handle, off, data)
+		n, pa, err = o.c.WriteHandle(ctx, handle, off, data)
 	} else {
-		n, _, err = o.c.WriteIno(ctx, ino, off, data)
+		n, pa, err = o.c.WriteIno(ctx, ino, off, data)
 	}
 	o.dropWindows(ino)
-	o.meta.forgetAttr(ino)
+	o.meta.committed(ino, pa, start)
 	if err != nil {
 		return 0, errnoOf("write", err)
 	}

@@ -107,6 +107,7 @@ type metaCache struct {
 	m       map[uint64]*metaEntry // guarded by mu
 	clock   uint64                // guarded by mu: counts drops
 	dropped map[uint64]uint64     // guarded by mu: ino → clock of its last drop
+	lost    map[uint64]uint64     // guarded by mu: ino → clock of its last forget (a recall, a name change)
 	floor   uint64                // guarded by mu: fills older than this are refused
 
 	fillMu  sync.Mutex
@@ -114,7 +115,8 @@ type metaCache struct {
 }
 
 func newMetaCache(caps *client.Caps) *metaCache {
-	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, filling: map[uint64]chan struct{}{}}
+	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, lost: map[uint64]uint64{},
+		filling: map[uint64]chan struct{}{}}
 }
 
 // on reports whether the cache is in use.
@@ -159,12 +161,55 @@ func (c *metaCache) putAttrLocked(a *pb.Attr, start uint64) {
 	if !c.keepable(a.GetIno(), start) {
 		return
 	}
+	c.setAttrLocked(a)
+}
+
+// setAttrLocked keeps a unless the entry holds newer attributes: a later
+// change time, or the same one and a larger size (writes in one log entry
+// share its time and only extend the file).
+func (c *metaCache) setAttrLocked(a *pb.Attr) {
 	e := c.entryLocked(a.GetIno())
+	if e.hasAttr && (a.GetCtimeNs() < e.attr.Ctime.UnixNano() ||
+		a.GetCtimeNs() == e.attr.Ctime.UnixNano() && a.GetSize() < e.attr.Size) {
+		return
+	}
 	e.attr, e.hasAttr = attrOf(a), true
 	e.xattrs = -1
 	if a.Xattrs != nil {
 		e.xattrs = int32(*a.Xattrs)
 	}
+}
+
+// commit begins a command of this mount that changes ino's attributes:
+// fills in flight are refused from now on, and committed keeps the
+// command's result.
+func (c *metaCache) commit(ino uint64) uint64 {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetAttrLocked(ino)
+	return c.clock
+}
+
+// committed keeps the attributes a command on ino begun at start
+// (commit) returned (nil: it failed): results of this mount's commands
+// that finish out of order are ordered by setAttrLocked's rule. When the
+// inode was recalled or renamed since, what is cached of it may have been
+// read before the command applied (a fill after the recall), so it is
+// dropped instead.
+func (c *metaCache) committed(ino uint64, a *pb.Attr, start uint64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a != nil && a.GetIno() == ino && start >= c.floor && c.lost[ino] <= start && c.caps.Held(ino) {
+		c.setAttrLocked(a)
+		return
+	}
+	c.forgetAttrLocked(ino)
 }
 
 // attr returns ino's cached attributes while its capability holds.
@@ -281,9 +326,11 @@ func (c *metaCache) forget(inos ...uint64) map[uint64][]string {
 		}
 		delete(c.m, ino)
 		c.dropped[ino] = c.clock
+		c.lost[ino] = c.clock
 	}
 	if len(c.dropped) > maxMetaInodes {
 		clear(c.dropped)
+		clear(c.lost)
 		c.floor = c.clock + 1
 	}
 	return names
@@ -337,6 +384,7 @@ func (c *metaCache) forgetAll() {
 	c.clock++
 	clear(c.m)
 	clear(c.dropped)
+	clear(c.lost)
 	c.floor = c.clock + 1
 }
 

@@ -246,11 +246,12 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 		}()
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
-		n, _, err := o.c.WriteHandle(ctx, f.handle, off, buf)
+		start := o.meta.commit(f.ino)
+		n, pa, err := o.c.WriteHandle(ctx, f.handle, off, buf)
 		// A read window fetched before this commit may hold the old bytes,
 		// and cached attributes the old size and times.
 		o.dropWindows(f.ino)
-		o.meta.forgetAttr(f.ino)
+		o.meta.committed(f.ino, pa, start)
 		if err == nil && n != len(buf) {
 			err = syscall.EIO
 		}
