@@ -122,10 +122,7 @@ func BenchmarkRecall(b *testing.B) {
 			w, err := client.New(ctx, c.APIAddrs())
 			require.NoError(b, err)
 			defer w.Close()
-			require.NoError(b, w.WriteFile("/f", []byte("x"), 0o644))
-			st, err := w.Stat("/f")
-			require.NoError(b, err)
-			ino := st.Sys().(*pb.Attr).Ino
+			ino := putIno(b, w, "/f", "x")
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

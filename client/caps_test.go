@@ -13,6 +13,15 @@ import (
 	"github.com/memoryfs/memfs/server"
 )
 
+// putIno writes data to p and returns p's inode number.
+func putIno(t testing.TB, c *client.Client, p, data string) uint64 {
+	t.Helper()
+	require.NoError(t, c.WriteFile(p, []byte(data), 0o644))
+	st, err := c.Stat(p)
+	require.NoError(t, err)
+	return st.Sys().(*pb.Attr).Ino
+}
+
 // TestCapabilityRecalledByWriter: a holder's capability is recalled
 // through its change stream when another client writes; the holder's
 // OnRecall runs before the write is applied, and the write waits for it.
@@ -21,10 +30,7 @@ func TestCapabilityRecalledByWriter(t *testing.T) {
 	holder := connect(t, cl, client.WithCaps())
 	writer := connect(t, cl)
 	ctx := t.Context()
-	require.NoError(t, writer.WriteFile("/f", []byte("one"), 0o644))
-	st, err := writer.Stat("/f")
-	require.NoError(t, err)
-	ino := st.Sys().(*pb.Attr).Ino
+	ino := putIno(t, writer, "/f", "one")
 
 	caps := holder.Caps()
 	require.NotNil(t, caps)
@@ -66,10 +72,7 @@ func TestDeadHolderDelaysAtMostItsLease(t *testing.T) {
 	holder := connect(t, cl, client.WithLease(lease))
 	writer := connect(t, cl)
 	ctx := t.Context()
-	require.NoError(t, writer.WriteFile("/f", []byte("one"), 0o644))
-	st, err := writer.Stat("/f")
-	require.NoError(t, err)
-	ino := st.Sys().(*pb.Attr).Ino
+	ino := putIno(t, writer, "/f", "one")
 	res, err := holder.Do(ctx, &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: []uint64{ino}}}})
 	require.NoError(t, err)
 	require.Equal(t, []uint64{ino}, res.Granted)
