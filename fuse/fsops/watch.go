@@ -3,6 +3,7 @@ package fsops
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	pb "github.com/memoryfs/memfs/proto"
@@ -84,6 +85,7 @@ func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv I
 			o.dropAllWindows()
 			o.noXattrs.clear()
 		}
+		b.skipHeld(o.meta)
 		for _, ino := range b.order {
 			o.dropWindows(ino)
 			o.noXattrs.drop(ino)
@@ -131,6 +133,19 @@ func (b *batch) add(ev *pb.WatchEvent) {
 			b.eorder = append(b.eorder, k)
 		}
 	}
+}
+
+// skipHeld leaves out the inodes and directories this mount holds
+// capabilities on: another client changes one only after its capability
+// was recalled, and the recall dropped what the mount and the kernel
+// cached (capops.go), so an event naming a held inode is this mount's own
+// change, which its own caches already reflect.
+func (b *batch) skipHeld(meta *metaCache) {
+	if !meta.on() || b.reset {
+		return
+	}
+	b.order = slices.DeleteFunc(b.order, meta.caps.Held)
+	b.eorder = slices.DeleteFunc(b.eorder, func(k entryKey) bool { return meta.caps.Held(k.parent) })
 }
 
 // apply sends the batch to the kernel. Entries go first so that a name
