@@ -150,3 +150,48 @@ func names(ents []DirEntry) []string {
 	}
 	return out
 }
+
+// TestCapsKeepWrittenData: what a single writer committed reads back from
+// the mount's memory, and another client's change to it is seen.
+func TestCapsKeepWrittenData(t *testing.T) {
+	ops, _, other := newCapOps(t)
+	ops.opt.DataCache = 64 << 20
+	ops.watching.Store(true) // as while the change stream is read
+	ctx := context.Background()
+	_, e := ops.Lookup(ctx, RootIno, "f") // fills the root's listing
+	require.Equal(t, syscall.ENOENT, e)
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	data := make([]byte, 3*raWindow+1000)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for off := 0; off < len(data); off += 128 << 10 {
+		_, e = ops.Write(ctx, a.Ino, out.Handle, int64(off), data[off:min(off+128<<10, len(data))])
+		require.Zero(t, e)
+	}
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	require.Equal(t, []int64{0, raWindow, 2 * raWindow, 3 * raWindow}, ops.cache.starts(a.Ino))
+
+	in, e := ops.Open(ctx, a.Ino, syscall.O_RDONLY, root)
+	require.Zero(t, e)
+	reads := ops.reads.Load()
+	buf := make([]byte, 128<<10)
+	for off := 0; off < len(data); off += len(buf) {
+		n, e := ops.Read(ctx, a.Ino, in.Handle, int64(off), buf)
+		require.Zero(t, e)
+		require.Equal(t, data[off:off+n], buf[:n], "at %d", off)
+	}
+	require.Equal(t, reads, ops.reads.Load(), "read from the cluster")
+
+	// Another client's write recalls the capability, which drops the
+	// windows: the next read sees it.
+	_, _, err := other.WriteIno(ctx, a.Ino, 10, []byte("changed"))
+	require.NoError(t, err)
+	n, e := ops.Read(ctx, a.Ino, in.Handle, 0, buf)
+	require.Zero(t, e)
+	require.Equal(t, "changed", string(buf[10:17]))
+	require.Greater(t, n, 17)
+	require.Zero(t, ops.Release(ctx, a.Ino, in.Handle))
+}

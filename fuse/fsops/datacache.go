@@ -137,6 +137,48 @@ func (c *dataCache) drop(ino uint64) {
 	}
 }
 
+// dropRange forgets ino's windows that a write of [off, end) made stale:
+// those it overlaps, and those that held less than a window (the end of
+// the file, or still being fetched) before end, into which the write may
+// have extended the file.
+func (c *dataCache) dropRange(ino uint64, off, end int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.inos[ino] {
+		overlaps := w.off < end && off < w.off+raWindow
+		var held int64 // 0 while being fetched
+		select {
+		case <-w.done:
+			held = int64(len(w.data))
+		default:
+		}
+		if overlaps || held < raWindow && w.off+held < end {
+			c.removeLocked(w)
+			w.stale = true
+		}
+	}
+}
+
+// put keeps data as ino's window at off (aligned), fetched already: what
+// this mount itself just committed there. Only shared use may read it.
+func (c *dataCache) put(ino uint64, off int64, data []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.inos[ino][off]; old != nil {
+		c.removeLocked(old)
+		old.stale = true
+	}
+	w := &window{ino: ino, off: off, done: make(chan struct{}), data: data, cost: int64(len(data))}
+	close(w.done)
+	if c.inos[ino] == nil {
+		c.inos[ino] = map[int64]*window{}
+	}
+	c.inos[ino][off] = w
+	w.elem = c.lru.PushFront(w)
+	c.used += w.cost
+	c.evictLocked()
+}
+
 // clear drops every window.
 func (c *dataCache) clear() {
 	c.mu.Lock()

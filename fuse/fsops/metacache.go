@@ -108,6 +108,7 @@ type metaCache struct {
 	clock   uint64                // guarded by mu: counts drops
 	dropped map[uint64]uint64     // guarded by mu: ino → clock of its last drop
 	lost    map[uint64]uint64     // guarded by mu: ino → clock of its last forget (a recall, a name change)
+	writer  map[uint64]writer     // guarded by mu: ino → who began its latest commits
 	floor   uint64                // guarded by mu: fills older than this are refused
 
 	fillMu  sync.Mutex
@@ -116,6 +117,7 @@ type metaCache struct {
 
 func newMetaCache(caps *client.Caps) *metaCache {
 	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, lost: map[uint64]uint64{},
+		writer:  map[uint64]writer{},
 		filling: map[uint64]chan struct{}{}}
 }
 
@@ -183,13 +185,33 @@ func (c *metaCache) setAttrLocked(a *pb.Attr) {
 // commit begins a command of this mount that changes ino's attributes:
 // fills in flight are refused from now on, and committed keeps the
 // command's result.
-func (c *metaCache) commit(ino uint64) uint64 {
+func (c *metaCache) commit(ino uint64) uint64 { return c.commitBy(ino, 0) }
+
+// writer is the handle whose commits of an inode follow each other
+// without another's in between, since clock since, and how many commits
+// of other handles (or other commands) are in flight.
+type writer struct {
+	handle, since uint64
+	busy          int // commits of handle in flight
+	others        int // commits of others in flight
+}
+
+// commitBy is commit for a write-behind commit through handle (0: any
+// other command).
+func (c *metaCache) commitBy(ino, handle uint64) uint64 {
 	if c == nil {
 		return 0
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forgetAttrLocked(ino)
+	w, ok := c.writer[ino]
+	if !ok || w.handle != handle || handle == 0 {
+		w.others += w.busy
+		w.handle, w.since, w.busy = handle, c.clock, 0
+	}
+	w.busy++
+	c.writer[ino] = w
 	return c.clock
 }
 
@@ -205,11 +227,43 @@ func (c *metaCache) committed(ino uint64, a *pb.Attr, start uint64) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.endCommitLocked(ino, start)
 	if a != nil && a.GetIno() == ino && start >= c.floor && c.lost[ino] <= start && c.caps.Held(ino) {
 		c.setAttrLocked(a)
 		return
 	}
 	c.forgetAttrLocked(ino)
+}
+
+// endCommitLocked counts a commit begun at start out of its writer.
+func (c *metaCache) endCommitLocked(ino, start uint64) {
+	w, ok := c.writer[ino]
+	if !ok {
+		return
+	}
+	if start >= w.since && w.busy > 0 {
+		w.busy--
+	} else if w.others > 0 {
+		w.others--
+	}
+	if w.busy == 0 && w.others == 0 {
+		delete(c.writer, ino)
+		return
+	}
+	c.writer[ino] = w
+}
+
+// whileUnchanged calls fn, holding the cache's lock, if ino's capability
+// holds and no recall or name change dropped it since start: a recall
+// that comes later drops whatever fn kept (it forgets under the same
+// lock before it drops anything else).
+func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, ok := c.writer[ino]
+	if ok && start >= c.floor && c.lost[ino] <= start && c.caps.Held(ino) && w.handle == handle && w.since <= start && w.others == 0 {
+		fn()
+	}
 }
 
 // attr returns ino's cached attributes while its capability holds.
@@ -331,6 +385,7 @@ func (c *metaCache) forget(inos ...uint64) map[uint64][]string {
 	if len(c.dropped) > maxMetaInodes {
 		clear(c.dropped)
 		clear(c.lost)
+		clear(c.writer)
 		c.floor = c.clock + 1
 	}
 	return names
@@ -385,6 +440,7 @@ func (c *metaCache) forgetAll() {
 	clear(c.m)
 	clear(c.dropped)
 	clear(c.lost)
+	clear(c.writer)
 	c.floor = c.clock + 1
 }
 

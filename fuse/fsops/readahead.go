@@ -2,6 +2,7 @@ package fsops
 
 import (
 	"context"
+	pb "github.com/memoryfs/memfs/proto"
 	"sync"
 )
 
@@ -77,6 +78,41 @@ func (o *ClientOps) dropWindows(ino uint64) {
 	}
 	o.filesMu.Unlock()
 	o.cache.drop(ino)
+}
+
+// dropWindowsRange is dropWindows for a write of this mount of [off, end),
+// which leaves the windows it cannot have changed as they were
+// (dataCache.dropRange).
+func (o *ClientOps) dropWindowsRange(ino uint64, off, end int64) {
+	o.filesMu.Lock()
+	if s := o.attrs[ino]; s != nil {
+		s.gen.Add(1)
+	}
+	o.filesMu.Unlock()
+	o.cache.dropRange(ino, off, end)
+}
+
+// keepWritten keeps what a write of this mount committed at off (begun at
+// start, see metaCache.commit) as data cache windows: the aligned whole
+// windows it covers, and the last, short one when the write ended the
+// file. Only while the mount holds a capability on the file that was not
+// recalled since the write began: then nobody else changed those bytes,
+// and a recall after this drops the windows again. A sequential writer's
+// file thus reads back from memory.
+func (o *ClientOps) keepWritten(f *openFile, off int64, buf []byte, a *pb.Attr, start uint64) {
+	if !o.meta.on() || !o.sharedCache() || a == nil {
+		return
+	}
+	ino, end := f.ino, off+int64(len(buf))
+	o.meta.whileUnchanged(ino, f.handle, start, func() {
+		for ws := (off + raWindow - 1) &^ (raWindow - 1); ws < end; ws += raWindow {
+			we := min(ws+raWindow, end)
+			if we-ws < raWindow && uint64(we) != a.GetSize() {
+				break // a partial window that is not the end of the file
+			}
+			o.cache.put(ino, ws, buf[ws-off:we-off:we-off])
+		}
+	})
 }
 
 // dropAllWindows is dropWindows for every inode, for when change events

@@ -246,11 +246,14 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 		}()
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
-		start := o.meta.commit(f.ino)
+		start := o.meta.commitBy(f.ino, f.handle)
 		n, pa, err := o.c.WriteHandle(ctx, f.handle, off, buf)
 		// A read window fetched before this commit may hold the old bytes,
 		// and cached attributes the old size and times.
-		o.dropWindows(f.ino)
+		o.dropWindowsRange(f.ino, off, off+int64(len(buf)))
+		if err == nil && n == len(buf) {
+			o.keepWritten(f, off, buf, pa, start)
+		}
 		o.meta.committed(f.ino, pa, start)
 		if err == nil && n != len(buf) {
 			err = syscall.EIO
