@@ -1,6 +1,7 @@
 package fsops
 
 import (
+	"bytes"
 	"context"
 	pb "github.com/memoryfs/memfs/proto"
 	"sync"
@@ -110,7 +111,13 @@ func (o *ClientOps) keepWritten(f *openFile, off int64, buf []byte, a *pb.Attr, 
 			if we-ws < raWindow && uint64(we) != a.GetSize() {
 				break // a partial window that is not the end of the file
 			}
-			o.cache.put(ino, ws, buf[ws-off:we-off:we-off])
+			data := buf[ws-off : we-off : we-off]
+			if cap(buf) > 2*len(data) {
+				// Most of the buffer is not this window's: keeping a
+				// slice would keep all of it.
+				data = bytes.Clone(data)
+			}
+			o.cache.put(ino, ws, data)
 		}
 	})
 }
