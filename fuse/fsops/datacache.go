@@ -44,6 +44,17 @@ type window struct {
 	cost  int64         // guarded by dataCache.mu: bytes counted against the limit
 }
 
+// short reports whether w is fetched and holds less than a whole window:
+// the end of the file.
+func (w *window) short() bool {
+	select {
+	case <-w.done:
+		return w.err == nil && len(w.data) < raWindow
+	default:
+		return false
+	}
+}
+
 // dataCache is the mount-wide set of windows; safe for concurrent use.
 type dataCache struct {
 	mu    sync.Mutex

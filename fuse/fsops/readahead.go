@@ -190,7 +190,9 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 	if ok && err == nil && seq && len(w.data) == raWindow {
 		// Not at the end: the reader will want the next ones.
 		for i := int64(1); i <= raAhead; i++ {
-			o.window(f, start+i*raWindow)
+			if next := o.window(f, start+i*raWindow); next.short() {
+				break // the end of the file: nothing lies past it
+			}
 		}
 	}
 	return n, ok, err
