@@ -41,7 +41,7 @@ func newClient(t *testing.T, addrs []string, opts ...client.Option) *client.Clie
 
 // testBinding is the FUSE binding the tests mount with unless a test
 // names one: MEMFS_FUSE_BINDING (scripts/test.sh runs the package once
-// per binding), bazil when unset.
+// per binding), the default (go-fuse) when unset.
 var testBinding = os.Getenv("MEMFS_FUSE_BINDING")
 
 // testCaps says whether test mounts hold capabilities, as `memfs mount`

@@ -18,7 +18,7 @@ go test -race -count=1 -timeout 20m $(go list ./fsm/... ./server/... ./client/..
 # cores those watchdogs fire, so this package runs without -race (its
 # concurrency lives in fuse/fsops and client, which run with it above).
 step "FUSE mount tests (bazil.org/fuse binding)"
-go test -count=1 -timeout 20m ./fuse/
+MEMFS_FUSE_BINDING=bazil go test -count=1 -timeout 20m ./fuse/
 step "FUSE mount tests (go-fuse binding)"
 MEMFS_FUSE_BINDING=gofuse go test -count=1 -timeout 20m ./fuse/
 

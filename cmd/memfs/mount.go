@@ -75,7 +75,7 @@ func init() {
 	f.Var(&mountFlags.dataCache, "data-cache", "file data kept in the mount's memory for later reads while change events arrive (0: readahead only)")
 	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
-	f.StringVar(&mountFlags.binding, "binding", fuse.BindingBazil, "FUSE library serving the mount: bazil (bazil.org/fuse) or gofuse (go-fuse: 1 MiB requests, negative entries; docs/fuse.md)")
+	f.StringVar(&mountFlags.binding, "binding", fuse.BindingGoFuse, "FUSE library serving the mount: gofuse (go-fuse: 1 MiB requests, READDIRPLUS, negative entries) or bazil (bazil.org/fuse); docs/fuse.md")
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
