@@ -146,13 +146,9 @@ func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint6
 		return nil, fmt.Errorf("grant: %s: %w", res.GetMessage(), syscall.Errno(e))
 	}
 	epoch := res.GetEpoch()
+	cp.newSession(cmd.Session)
 	var granted, late []uint64
 	cp.mu.Lock()
-	if cp.session != cmd.Session {
-		// A new session: the old one's capabilities went with it.
-		cp.session = cmd.Session
-		clear(cp.held)
-	}
 	for _, ino := range res.GetGranted() {
 		if cp.recalled[ino] >= epoch {
 			late = append(late, ino) // recalled before this answer came
@@ -166,6 +162,29 @@ func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint6
 		cp.giveBack(&pb.CapRef{Ino: ino, Epoch: epoch})
 	}
 	return granted, nil
+}
+
+// newSession takes note that capabilities are now granted to session.
+// When it is not the session of those held, the old session expired and
+// its capabilities went with it, without a recall: what was cached under
+// them is dropped (OnRecall) before any capability of the new session is
+// held, since other sessions may have changed those inodes meanwhile.
+func (cp *Caps) newSession(session uint64) {
+	cp.mu.Lock()
+	if cp.session == session {
+		cp.mu.Unlock()
+		return
+	}
+	lost := slices.Collect(maps.Keys(cp.held))
+	cp.session = session
+	clear(cp.held)
+	fns := cp.onRecall
+	cp.mu.Unlock()
+	if len(lost) > 0 {
+		for _, fn := range fns {
+			fn(lost)
+		}
+	}
 }
 
 // Expect brackets a command that may hand the session capabilities in its
