@@ -28,6 +28,25 @@ func connectTo(c *harness.Cluster) workload.Connect {
 	}
 }
 
+// cacherLease is the session lease of the caching readers: how long a
+// frozen or dead one holds up other sessions' commands at most. Short, so
+// that a freeze of a few seconds gets its capabilities revoked.
+const cacherLease = 2 * time.Second
+
+// caching configures n caching clients on an in-process cluster, each
+// with two concurrent readers (as a mount serves concurrent requests), a
+// fifth of whose operations change things through the mount.
+func caching(c *harness.Cluster, n int) *workload.Caching {
+	return &workload.Caching{Readers: n, Workers: 2, Writes: 0.2, Lease: cacherLease, Dialer: c.Dialer,
+		Connect: func(ctx context.Context, name string, opts ...client.Option) (*client.Client, error) {
+			return c.Client(ctx, name, nil, opts...)
+		}}
+}
+
+// cacherFaults are what the nemesis does to caching readers: freezes
+// (weighted twice) and kills.
+var cacherFaults = []workload.Fault{workload.FreezeCacher, workload.FreezeCacher, workload.KillCacher}
+
 // Fault sets of the scenarios.
 var (
 	partitions = []workload.Fault{workload.PartitionHalves, workload.IsolateLeader,
@@ -58,6 +77,11 @@ type scenario struct {
 	// porcupine must try on its key, so many of them on one key can make a
 	// check run out of time.
 	dataFiles int
+	// cachers are caching readers (workload.CachingReader) beside the
+	// clients: operations through the FUSE layer's metadata cache under
+	// capabilities, which every other client's change to what they hold
+	// must recall first.
+	cachers int
 }
 
 var scenarios = []scenario{
@@ -74,6 +98,24 @@ var scenarios = []scenario{
 	// Not in 6.824: the leader's clock jumps, so session leases run out
 	// under the clients' feet in the middle of their retries.
 	{name: "ClockJumps", clients: 4, workers: 2, dataFiles: 8, faults: []workload.Fault{workload.ClockJump, workload.CrashLeader, workload.IsolateLeader}},
+	// Not in 6.824: plain clients change what caching readers hold, so
+	// their commands wait for recalls, while partitions, crashes, lossy
+	// links, and freezes and kills of the readers themselves delay or
+	// lose the recalls, releases and renewals.
+	{name: "CachingReaders", clients: 3, cachers: 2,
+		faults: join(partitions, clientFaults, crashes, []workload.Fault{workload.Unreliable}, cacherFaults)},
+}
+
+// clockFree reports whether sc keeps the clock assumption capabilities
+// rest on (docs/protocol.md: the nodes' clocks agree within the trust
+// margin and do not jump by more); caching readers join only those.
+func (sc scenario) clockFree() bool {
+	for _, f := range sc.faults {
+		if f == workload.ClockJump {
+			return false
+		}
+	}
+	return true
 }
 
 // variant is a cluster shape every scenario runs in.
@@ -153,7 +195,13 @@ func runHistory(t *testing.T, c *harness.Cluster, sc scenario, v variant, seed i
 			HoldMin: 200 * time.Millisecond, HoldMax: 1500 * time.Millisecond,
 			CalmMin: 100 * time.Millisecond, CalmMax: 600 * time.Millisecond,
 			Lossy: workload.DefaultLossy, Always: sc.lossy,
+			// Long enough, often, for a frozen reader's capabilities
+			// to be revoked.
+			FreezeMin: cacherLease / 2, FreezeMax: 2 * cacherLease,
 		}
+	}
+	if sc.cachers > 0 {
+		r.Caching = caching(c, sc.cachers)
 	}
 	out := r.Execute(t, seed, c, connectTo(c))
 	if t.Failed() && sc.storage == harness.Memory {

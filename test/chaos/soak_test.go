@@ -23,20 +23,27 @@ import (
 
 // soakTotals is what a soak checked; it is printed and saved at the end.
 type soakTotals struct {
-	mu             sync.Mutex
-	Clusters       int            `json:"clusters"`
-	Histories      int            `json:"histories"`
-	Linearizable   int            `json:"linearizable"`
-	Violations     int            `json:"violations"`
-	Inconclusive   int            `json:"inconclusive"`
-	Operations     int            `json:"operations"`
-	UnknownOps     int            `json:"unknown_operations"`
-	Durability     int            `json:"durability_runs"`
-	AckedWrites    int            `json:"acked_writes_checked"`
-	UnackedWrites  int            `json:"unacked_writes_checked"`
-	FailedSubtests []string       `json:"failed"`
-	ByScenario     map[string]int `json:"histories_by_scenario"`
-	Seconds        float64        `json:"seconds"`
+	mu           sync.Mutex
+	Clusters     int `json:"clusters"`
+	Histories    int `json:"histories"`
+	Linearizable int `json:"linearizable"`
+	Violations   int `json:"violations"`
+	Inconclusive int `json:"inconclusive"`
+	Operations   int `json:"operations"`
+	UnknownOps   int `json:"unknown_operations"`
+	// What the caching readers did (workload.CacheStats), summed.
+	CachingHistories int            `json:"histories_with_caching_readers"`
+	CachingOps       int            `json:"caching_reader_operations"`
+	LocalAnswers     int            `json:"caching_reader_local_answers"`
+	Recalls          int            `json:"caching_reader_inodes_recalled"`
+	Freezes          int            `json:"caching_reader_freezes"`
+	Kills            int            `json:"caching_reader_kills"`
+	Durability       int            `json:"durability_runs"`
+	AckedWrites      int            `json:"acked_writes_checked"`
+	UnackedWrites    int            `json:"unacked_writes_checked"`
+	FailedSubtests   []string       `json:"failed"`
+	ByScenario       map[string]int `json:"histories_by_scenario"`
+	Seconds          float64        `json:"seconds"`
 	// MaxHeapMiB and MaxGoroutines are the largest live heap (after a GC)
 	// and goroutine count seen by the minute-by-minute memory log; a leak
 	// shows as growth with the number of clusters run.
@@ -81,7 +88,22 @@ func envInt(name string, def int) int {
 // each MEMFS_SOAK_SECONDS long, default 4) one after another on fresh keys,
 // then a durability run. Seeds derive from MEMFS_SEED (default: the clock),
 // so a failing cluster's subtest name gives the seed to replay it.
+//
+// Caching readers join half the clusters whose scenario keeps the clock
+// assumption (all but ClockJumps); with MEMFS_SOAK_CACHING=all every
+// cluster has them (ClockJumps is then never drawn), for a soak of the
+// capabilities. A replay needs the same setting.
 func TestSoak(t *testing.T) {
+	allCaching := os.Getenv("MEMFS_SOAK_CACHING") == "all"
+	pool := scenarios
+	if allCaching {
+		pool = nil
+		for _, sc := range scenarios {
+			if sc.clockFree() {
+				pool = append(pool, sc)
+			}
+		}
+	}
 	target := envInt("MEMFS_SOAK_HISTORIES", 1000)
 	phases := envInt("MEMFS_SOAK_PHASES", 10)
 	d := time.Duration(envInt("MEMFS_SOAK_SECONDS", 4)) * time.Second
@@ -101,8 +123,20 @@ func TestSoak(t *testing.T) {
 	for k := 0; k < clusters; k++ {
 		seed := base + int64(k)
 		r := rand.New(rand.NewSource(seed))
-		sc := scenarios[r.Intn(len(scenarios))]
+		sc := pool[r.Intn(len(pool))]
 		v := allVariants[r.Intn(len(allVariants))]
+		if sc.cachers == 0 && sc.clockFree() {
+			// Caching readers (1 or 2) join half the other scenarios,
+			// with freezes and kills of them among the faults of those
+			// that have faults.
+			if k := workload.SoakCachers(seed, allCaching); k > 0 {
+				sc.cachers = k
+				if len(sc.faults) > 0 {
+					sc.faults = join(sc.faults, cacherFaults)
+				}
+				sc.name += fmt.Sprintf("+k%d", sc.cachers)
+			}
+		}
 		t.Run(fmt.Sprintf("%s/%v/seed%d", sc.name, v, seed), func(t *testing.T) {
 			t.Parallel()
 			soakCluster(t, tot, sc, v, seed, phases, d)
@@ -125,6 +159,14 @@ func soakCluster(t *testing.T, tot *soakTotals, sc scenario, v variant, seed int
 			tot.ByScenario[sc.name]++
 			tot.Operations += out.Verdict.Counts.Ops
 			tot.UnknownOps += out.Verdict.Counts.Unknown
+			if cs := out.Cache; cs != nil {
+				tot.CachingHistories++
+				tot.CachingOps += int(cs.Ops.Load())
+				tot.LocalAnswers += int(cs.Local.Load())
+				tot.Recalls += int(cs.Recalls.Load())
+				tot.Freezes += int(cs.Freezes.Load())
+				tot.Kills += int(cs.Kills.Load())
+			}
 			switch out.Verdict.Result {
 			case porcupine.Ok:
 				tot.Linearizable++

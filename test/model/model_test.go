@@ -30,6 +30,7 @@ func rd(key string, off int64, n int) Input {
 func ns(kind Kind, path, path2 string) Input {
 	return Input{Kind: kind, Key: "/g0", Path: path, Path2: path2, Perm: 0o644}
 }
+func size(key string) Input        { return Input{Kind: KindSize, Key: key} }
 func n(k int) Output               { return Output{N: int64(k)} }
 func data(s string) Output         { return Output{Data: s} }
 func errno(e syscall.Errno) Output { return Output{Err: e} }
@@ -138,6 +139,45 @@ func TestHistories(t *testing.T) {
 			op(0, 0, 1, ns(KindCreate, "a", ""), Output{}),
 			op(0, 2, 3, Input{Kind: KindChmod, Key: "/g0", Path: "a", Perm: 0o600}, Output{}),
 			op(1, 4, 5, ns(KindStat, "a", ""), Output{Perm: 0o644}),
+		}},
+		// What a caching reader (test/workload/caching.go) may and may not
+		// answer: the old state while a change waits for its recall, never
+		// once the change returned.
+		{"a cached size while the append waits for the recall", true, []porcupine.Operation{
+			op(1, 0, 1, size("/f"), n(0)),
+			op(0, 2, 20, ap("/f", "<a>"), n(3)),
+			op(1, 5, 6, size("/f"), n(0)),
+			op(1, 18, 19, size("/f"), n(0)),
+			op(1, 21, 22, size("/f"), n(3)),
+		}},
+		{"a cached size after the append returned", false, []porcupine.Operation{
+			op(1, 0, 1, size("/f"), n(0)),
+			op(0, 2, 20, ap("/f", "<a>"), n(3)),
+			op(1, 21, 22, size("/f"), n(0)),
+		}},
+		{"a cached size newer than a later read", false, []porcupine.Operation{
+			op(0, 0, 20, ap("/f", "<a>"), n(3)),
+			op(1, 5, 6, size("/f"), n(3)),
+			op(2, 7, 8, rd("/f", 0, 10), data("")),
+		}},
+		{"a data file never reports ENOENT", false, []porcupine.Operation{
+			op(1, 0, 1, size("/f"), errno(syscall.ENOENT)),
+		}},
+		{"a cached missing name while the create waits for the recall", true, []porcupine.Operation{
+			op(0, 0, 20, ns(KindCreate, "a", ""), Output{}),
+			op(1, 5, 6, ns(KindStat, "a", ""), errno(syscall.ENOENT)),
+			op(1, 21, 22, ns(KindStat, "a", ""), Output{Perm: 0o644}),
+		}},
+		{"a cached missing name after the create returned", false, []porcupine.Operation{
+			op(1, 0, 1, ns(KindReadDir, "", ""), Output{}),
+			op(0, 2, 20, ns(KindCreate, "a", ""), Output{}),
+			op(1, 21, 22, ns(KindStat, "a", ""), errno(syscall.ENOENT)),
+		}},
+		{"a cached listing without a directory made before", false, []porcupine.Operation{
+			op(0, 0, 1, ns(KindCreate, "a", ""), Output{}),
+			op(1, 2, 3, ns(KindReadDir, "", ""), Output{Names: []string{"a"}}),
+			op(0, 4, 5, Input{Kind: KindMkdir, Key: "/g0", Path: "c", Perm: 0o755}, Output{}),
+			op(1, 6, 7, ns(KindReadDir, "", ""), Output{Names: []string{"a"}}),
 		}},
 	}
 	for _, tc := range cases {

@@ -332,12 +332,18 @@ func (c *Cluster) idOfAddr(addr string) string {
 	return addr
 }
 
-// Client connects a client named name (its endpoint in the Net).
-func (c *Cluster) Client(ctx context.Context, name string, opts ...client.Option) (*client.Client, error) {
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+// Dialer returns a client dialer whose connections are the links from
+// endpoint name to each node in the Net.
+func (c *Cluster) Dialer(name string) client.Dialer {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
 		return c.Net.Dial(ctx, name, c.idOfAddr(addr), addr)
 	}
-	opts = append([]client.Option{client.WithDialer(dial), client.WithName(name)}, opts...)
+}
+
+// Client connects a client named name (its endpoint in the Net); opts
+// come after the defaults, so they may replace the dialer.
+func (c *Cluster) Client(ctx context.Context, name string, opts ...client.Option) (*client.Client, error) {
+	opts = append([]client.Option{client.WithDialer(c.Dialer(name)), client.WithName(name)}, opts...)
 	return client.New(ctx, c.APIAddrs(), opts...)
 }
 

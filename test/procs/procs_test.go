@@ -3,6 +3,7 @@ package procs
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -14,6 +15,10 @@ import (
 var memfsBin string
 
 func TestMain(m *testing.M) {
+	// The FUSE layer the caching readers go through (fuse/fsops) logs
+	// every operation that fails with EIO at Warn, and under faults that
+	// is every timeout.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	dir, err := os.MkdirTemp("", "memfs-procs-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -47,14 +52,23 @@ var streamLossy = faultsLossy()
 // TestProcessesNemesis runs the linearizability workload against real
 // processes while the nemesis partitions Raft links through the proxies,
 // blackholes and resets client connections, slows every link, and kills
-// the leader or every node with SIGKILL.
+// the leader or every node with SIGKILL. The -caching variant adds two
+// caching readers (workload.CachingReader), which the nemesis also freezes
+// and kills, so the servers' recalls, revocations and session expiry are
+// exercised across real process crashes.
 func TestProcessesNemesis(t *testing.T) {
-	for _, n := range []int{3, 5} {
-		t.Run(fmt.Sprintf("n%d", n), func(t *testing.T) {
+	for _, v := range []struct {
+		nodes, cachers int
+	}{{3, 0}, {5, 0}, {3, 2}} {
+		name := fmt.Sprintf("n%d", v.nodes)
+		if v.cachers > 0 {
+			name += "-caching"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			seed := workload.Seed(t)
-			c := Start(t, memfsBin, Options{Nodes: n, Seed: seed, Args: serverArgs})
-			processHistory(t, c, seed, duration(), "")
+			c := Start(t, memfsBin, Options{Nodes: v.nodes, Seed: seed, Args: serverArgs})
+			processHistory(t, c, seed, duration(), "", v.cachers)
 		})
 	}
 }
@@ -64,8 +78,13 @@ var processFaults = []workload.Fault{workload.PartitionHalves, workload.IsolateL
 	workload.Bridge, workload.LeaderOneWay, workload.Unreliable, workload.ClientCut, workload.ResetConns,
 	workload.CrashLeader, workload.CrashAll, workload.CrashOne}
 
-// processHistory runs and checks one history on c, its keys under prefix.
-func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefix string) workload.Outcome {
+// cacherLease is the caching readers' session lease: short, so that a
+// freeze of a few seconds gets a reader's capabilities revoked.
+const cacherLease = 2 * time.Second
+
+// processHistory runs and checks one history on c, its keys under prefix,
+// with cachers caching readers beside the 4 clients.
+func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefix string, cachers int) workload.Outcome {
 	r := workload.Run{
 		Clients: 4, Duration: d,
 		Workload: workload.Config{DataFiles: 3, Groups: 2, OpTimeout: 5 * time.Second, Prefix: prefix},
@@ -75,6 +94,12 @@ func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefi
 			CalmMin: 300 * time.Millisecond, CalmMax: time.Second,
 			Lossy: streamLossy,
 		},
+	}
+	if cachers > 0 {
+		r.Nemesis.Faults = append(append([]workload.Fault(nil), processFaults...),
+			workload.FreezeCacher, workload.FreezeCacher, workload.KillCacher)
+		r.Nemesis.FreezeMin, r.Nemesis.FreezeMax = cacherLease/2, 2*cacherLease
+		r.Caching = &workload.Caching{Readers: cachers, Workers: 2, Writes: 0.2, Lease: cacherLease, Dialer: c.Dialer, Connect: c.Client}
 	}
 	return r.Execute(t, seed, c, connectTo(c))
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/memoryfs/memfs/test/workload"
 )
 
 // TestSoakProcesses runs MEMFS_SOAK_PROC_HISTORIES (default 100) checked
@@ -26,21 +28,37 @@ func TestSoakProcesses(t *testing.T) {
 		base, _ = strconv.ParseInt(s, 10, 64)
 	}
 	var histories, ok, bad, unknown, ops atomic.Int64
+	var cachingOps, local, recalls, freezes, kills atomic.Int64
 	t.Cleanup(func() {
-		t.Logf("process soak: %d histories (%d operations): %d linearizable, %d violations, %d inconclusive",
-			histories.Load(), ops.Load(), ok.Load(), bad.Load(), unknown.Load())
+		t.Logf("process soak: %d histories (%d operations): %d linearizable, %d violations, %d inconclusive; "+
+			"caching readers: %d operations, %d answered locally, %d inodes recalled, %d freezes, %d kills",
+			histories.Load(), ops.Load(), ok.Load(), bad.Load(), unknown.Load(),
+			cachingOps.Load(), local.Load(), recalls.Load(), freezes.Load(), kills.Load())
 	})
 	for k := 0; k < (target+phases-1)/phases; k++ {
 		seed := base + int64(k)
 		nodes := 3 + 2*rand.New(rand.NewSource(seed)).Intn(2)
-		t.Run(fmt.Sprintf("n%d/seed%d", nodes, seed), func(t *testing.T) {
+		// Caching readers (1 or 2) in half the clusters.
+		cachers := workload.SoakCachers(seed, false)
+		name := fmt.Sprintf("n%d/seed%d", nodes, seed)
+		if cachers > 0 {
+			name = fmt.Sprintf("n%d+k%d/seed%d", nodes, cachers, seed)
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			c := Start(t, memfsBin, Options{Nodes: nodes, Seed: seed, Args: serverArgs})
 			for p := 0; p < phases; p++ {
 				t.Run(fmt.Sprintf("h%d", p), func(t *testing.T) {
-					out := processHistory(t, c, seed*100+int64(p), d, fmt.Sprintf("/h%d", p))
+					out := processHistory(t, c, seed*100+int64(p), d, fmt.Sprintf("/h%d", p), cachers)
 					histories.Add(1)
 					ops.Add(int64(out.Verdict.Counts.Ops))
+					if cs := out.Cache; cs != nil {
+						cachingOps.Add(cs.Ops.Load())
+						local.Add(cs.Local.Load())
+						recalls.Add(cs.Recalls.Load())
+						freezes.Add(cs.Freezes.Load())
+						kills.Add(cs.Kills.Load())
+					}
 					switch out.Verdict.Result {
 					case porcupine.Ok:
 						ok.Add(1)

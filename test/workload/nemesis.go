@@ -48,7 +48,22 @@ const (
 	CrashAll        Fault = "crash-all"   // every node killed, then restarted
 	CrashMinority   Fault = "crash-minor" // a minority killed together
 	ClockJump       Fault = "clock"       // the leader's clock jumps ahead or back
+	FreezeCacher    Fault = "freeze-k"    // a caching reader's links stall (Run.Caching)
+	KillCacher      Fault = "kill-k"      // a caching reader dies or closes while holding
 )
+
+// freezeMode is which directions of a frozen caching reader's links stall.
+type freezeMode int
+
+const (
+	freezeBoth freezeMode = iota // nothing in or out: a stopped process
+	freezeDeaf                   // replies and change events held, requests pass: renewals reach the cluster, recalls never reach the reader
+	freezeMute                   // requests held, replies pass: recalls reach the reader, its releases and renewals do not reach the cluster
+)
+
+func (m freezeMode) String() string {
+	return [...]string{"both ways", "deaf", "mute"}[m]
+}
 
 // ClockSkewer is a Target whose nodes' leader clocks can be skewed.
 type ClockSkewer interface {
@@ -72,6 +87,12 @@ type Nemesis struct {
 	Lossy  faultnet.Faults
 	Always bool
 	Logf   func(format string, args ...any)
+	// FreezeMin and FreezeMax bound how long a FreezeCacher episode lasts
+	// (Hold when 0): longer than the readers' lease for their
+	// capabilities to be revoked.
+	FreezeMin, FreezeMax time.Duration
+
+	cachers *cacherSet // set by Run when it has caching readers
 
 	mu       sync.Mutex
 	episodes []string
@@ -240,11 +261,12 @@ func (n *Nemesis) episode(ctx context.Context, f Fault, hold time.Duration) erro
 		net.Reliable()
 		return nil
 	case ClientCut:
-		if len(n.Clients) == 0 {
+		clients := n.clients()
+		if len(clients) == 0 {
 			return nil
 		}
 		nodes := pick(1 + minority)
-		for _, c := range n.Clients {
+		for _, c := range clients {
 			for _, id := range nodes {
 				net.Block(c, id)
 				net.Block(id, c)
@@ -252,13 +274,29 @@ func (n *Nemesis) episode(ctx context.Context, f Fault, hold time.Duration) erro
 		}
 		n.note("clients cut from %v for %v", nodes, hold)
 	case ResetConns:
-		for _, c := range n.Clients {
+		for _, c := range n.clients() {
 			net.ResetConns(c)
 		}
 		n.note("client connections reset")
 		return nil
 	case CrashOne, CrashLeader, CrashMinority, CrashAll:
 		return n.crash(ctx, f, perm, hold)
+	case FreezeCacher:
+		return n.freeze(ctx, ids)
+	case KillCacher:
+		name, ok := n.pickCacher()
+		if !ok {
+			return nil
+		}
+		var graceful bool
+		net.Rand(func(r *rand.Rand) { graceful = r.Intn(3) == 0 })
+		n.cachers.kill(name, graceful)
+		if graceful {
+			n.note("caching reader %s closed while holding", name)
+		} else {
+			n.note("caching reader %s killed while holding", name)
+		}
+		return nil
 	case ClockJump:
 		sk, ok := n.T.(ClockSkewer)
 		l := n.T.Leader()
@@ -275,6 +313,65 @@ func (n *Nemesis) episode(ctx context.Context, f Fault, hold time.Duration) erro
 	default:
 		return fmt.Errorf("unknown fault %q", f)
 	}
+	wait(ctx, hold)
+	net.Heal()
+	return nil
+}
+
+// clients lists the client endpoints: the plain clients and the live
+// caching readers.
+func (n *Nemesis) clients() []string {
+	out := append([]string(nil), n.Clients...)
+	if n.cachers != nil {
+		out = append(out, n.cachers.names()...)
+	}
+	return out
+}
+
+func (n *Nemesis) pickCacher() (string, bool) {
+	if n.cachers == nil {
+		return "", false
+	}
+	names := n.cachers.names()
+	if len(names) == 0 {
+		return "", false
+	}
+	var i int
+	n.T.Network().Rand(func(r *rand.Rand) { i = r.Intn(len(names)) })
+	return names[i], true
+}
+
+// freeze stalls one caching reader's links to every node for a while: its
+// change stream stops (recalls are not seen), its renewals, releases or
+// both do not arrive, and whatever it sent is delivered when the freeze
+// ends, as for a process stopped and continued. Its capabilities are
+// revoked a lease after a recall, and it must have stopped answering from
+// them by then.
+func (n *Nemesis) freeze(ctx context.Context, ids []string) error {
+	name, ok := n.pickCacher()
+	if !ok {
+		return nil
+	}
+	net := n.T.Network()
+	var mode freezeMode
+	var hold time.Duration
+	net.Rand(func(r *rand.Rand) {
+		mode = freezeMode(r.Intn(3))
+		hold = randDur(r, n.FreezeMin, n.FreezeMax)
+		if n.FreezeMax == 0 {
+			hold = randDur(r, n.HoldMin, n.HoldMax)
+		}
+	})
+	for _, id := range ids {
+		if mode != freezeMute {
+			net.Block(id, name)
+		}
+		if mode != freezeDeaf {
+			net.Block(name, id)
+		}
+	}
+	n.cachers.cs.Freezes.Add(1)
+	n.note("caching reader %s frozen (%v) for %v", name, mode, hold)
 	wait(ctx, hold)
 	net.Heal()
 	return nil

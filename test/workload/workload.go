@@ -158,16 +158,24 @@ func (w *Worker) Next() model.Input {
 }
 
 // ReadAll reads every key once (after the faults, to check convergence).
-func (w *Worker) ReadAll(ctx context.Context) {
-	for i := 0; i < w.cfg.DataFiles; i++ {
-		w.do(ctx, model.Input{Kind: model.KindRead, Key: w.cfg.DataKey(i), Len: 1 << 20})
-	}
-	for i := 0; i < w.cfg.Groups; i++ {
-		w.do(ctx, model.Input{Kind: model.KindReadDir, Key: w.cfg.GroupKey(i)})
-		for _, t := range model.Top {
-			w.do(ctx, model.Input{Kind: model.KindStat, Key: w.cfg.GroupKey(i), Path: t})
+// It returns the reads that failed other than definitely.
+func (w *Worker) ReadAll(ctx context.Context) []string {
+	var failed []string
+	read := func(in model.Input) {
+		if err := w.do(ctx, in); err != nil && (in.Kind.IsData() || !definite[client.Errno(err)]) {
+			failed = append(failed, fmt.Sprintf("worker %d: %s: %v", w.ID, model.Describe(in, model.Output{Unknown: true}), err))
 		}
 	}
+	for i := 0; i < w.cfg.DataFiles; i++ {
+		read(model.Input{Kind: model.KindRead, Key: w.cfg.DataKey(i), Len: 1 << 20})
+	}
+	for i := 0; i < w.cfg.Groups; i++ {
+		read(model.Input{Kind: model.KindReadDir, Key: w.cfg.GroupKey(i)})
+		for _, t := range model.Top {
+			read(model.Input{Kind: model.KindStat, Key: w.cfg.GroupKey(i), Path: t})
+		}
+	}
+	return failed
 }
 
 func (w *Worker) token(kind string) string {
