@@ -186,7 +186,7 @@ fi
 
 if want memfs; then
   mkdir "$work/mnt"
-  "$BIN" --cluster "$cluster" mount --daemon ${MOUNT_FLAGS:-} --log "$work/mount.log" "$work/mnt" >/dev/null
+  "$BIN" --cluster "$cluster" mount --daemon ${MOUNT_FLAGS:-} --binding bazil --log "$work/mount.log" "$work/mnt" >/dev/null
   mounts+=("$work/mnt")
   run_all memfs "$work/mnt"; labels+=(memfs)
 fi

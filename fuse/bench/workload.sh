@@ -4,8 +4,8 @@
 #
 #   tmpfs           a tmpfs directory itself (the limit),
 #   passthrough_ll  libfuse3's passthrough_ll example over tmpfs (C, libfuse3),
-#   memfs           a MemoryFS mount (bazil.org/fuse) of a fresh local 3-node
-#                   cluster,
+#   memfs           a MemoryFS mount (--binding bazil: bazil.org/fuse) of a
+#                   fresh local 3-node cluster,
 #   memfs_gofuse    a mount of the same cluster served by go-fuse,
 #   memfs_X         (any X, only when named in ONLY or EXTRA_TARGETS) a mount
 #                   with $MOUNT_FLAGS_X added, e.g. memfs_nocaps with
@@ -92,7 +92,7 @@ done
 # memfs_X's own mount flags: $MOUNT_FLAGS_X (X upper-cased).
 mflags() { # target
   local v
-  [ "$1" = memfs ] && return 0
+  [ "$1" = memfs ] && { echo "--binding bazil"; return 0; }
   v=MOUNT_FLAGS_$(tr a-z A-Z <<<"${1#memfs_}")
   echo "${!v:-}"
 }
