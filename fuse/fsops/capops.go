@@ -142,15 +142,19 @@ func (o *ClientOps) adopt(parent uint64, name string, res *pb.Result) {
 	o.meta.putAttr(a, o.meta.now())
 }
 
-// createdHere keeps what a create of this mount (mkdir, symlink) did to
-// parent's cached listing: the new entry with its capability, or, when it
-// failed or came without one, nothing of parent.
+// createdHere keeps what a create of this mount (open with O_CREAT,
+// mkdir, symlink) did to parent's cached listing: the new entry with its
+// capability, or, when it failed or came without one (an existing file
+// opened, a directory not held), nothing of parent or of the inode.
 func (o *ClientOps) createdHere(parent uint64, name string, res *pb.Result, e syscall.Errno) {
 	if e == 0 && res.GetEpoch() != 0 {
 		o.adopt(parent, name, res)
 		return
 	}
 	o.meta.forget(parent)
+	if a := res.GetAttr(); a != nil {
+		o.meta.forgetAttr(a.GetIno())
+	}
 }
 
 // removedHere keeps what an unlink or rmdir of this mount did to parent's

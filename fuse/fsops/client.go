@@ -322,16 +322,7 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 		return Attr{}, OpenOut{}, errnoOf("create", err)
 	}
 	h, pa := res.GetHandle(), res.GetAttr()
-	if res.GetEpoch() != 0 {
-		o.adopt(parent, name, res)
-	} else {
-		// An existing file opened, or a create without a capability: the
-		// listing may not say so.
-		o.meta.forget(parent)
-		if pa != nil {
-			o.meta.forgetAttr(pa.GetIno())
-		}
-	}
+	o.createdHere(parent, name, res, 0)
 	out = OpenOut{Handle: h, KeepCache: o.watching.Load()}
 	a = attrOf(pa)
 	if pa == nil {
@@ -550,11 +541,9 @@ func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEn
 	// listing leaves them out. The parent's inode costs one lookup; if
 	// it fails (the directory was just removed), ".." names the
 	// directory itself, as it does for the root.
-	parent := ino
-	if ino != RootIno {
-		if pa, err := o.c.Lookup(ctx, ino, ".."); err == nil {
-			parent = pa.GetIno()
-		}
+	parent, err := o.parentOf(ctx, ino)
+	if err != nil {
+		parent = ino
 	}
 	ents := make([]DirEntry, 0, len(des)+2)
 	ents = append(ents,
@@ -571,6 +560,18 @@ func (o *ClientOps) readDir(ctx context.Context, ino uint64, plus bool) ([]DirEn
 		ents = append(ents, de)
 	}
 	return ents, 0
+}
+
+// parentOf is the inode of directory ino's parent (the root's is itself).
+func (o *ClientOps) parentOf(ctx context.Context, ino uint64) (uint64, error) {
+	if ino == RootIno {
+		return ino, nil
+	}
+	pa, err := o.c.Lookup(ctx, ino, "..")
+	if err != nil {
+		return 0, err
+	}
+	return pa.GetIno(), nil
 }
 
 // do runs one command under the operation time limit and returns the

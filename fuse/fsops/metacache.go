@@ -479,13 +479,9 @@ func (o *ClientOps) fillDir(ctx context.Context, ino uint64) {
 	if err != nil || len(des) > maxFillEntries {
 		return
 	}
-	parent := ino
-	if ino != RootIno {
-		pa, err := o.c.Lookup(ctx, ino, "..")
-		if err != nil {
-			return
-		}
-		parent = pa.GetIno()
+	parent, err := o.parentOf(ctx, ino)
+	if err != nil {
+		return
 	}
 	l := &listing{parent: parent, ents: make([]DirEntry, 0, len(des)), byName: make(map[string]int, len(des)), missing: map[string]struct{}{}}
 	for _, d := range des {

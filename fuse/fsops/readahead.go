@@ -72,24 +72,25 @@ func (r *raState) sequential(start int64) bool {
 
 // dropWindows forgets ino's cached windows: their data may be stale.
 func (o *ClientOps) dropWindows(ino uint64) {
+	o.staleHeld(ino)
+	o.cache.drop(ino)
+}
+
+// staleHeld marks the attributes that ino's held changes were answered
+// with as stale, as its data is.
+func (o *ClientOps) staleHeld(ino uint64) {
 	o.filesMu.Lock()
 	if s := o.attrs[ino]; s != nil {
-		// The attributes held changes were answered with are stale too.
 		s.gen.Add(1)
 	}
 	o.filesMu.Unlock()
-	o.cache.drop(ino)
 }
 
 // dropWindowsRange is dropWindows for a write of this mount of [off, end),
 // which leaves the windows it cannot have changed as they were
 // (dataCache.dropRange).
 func (o *ClientOps) dropWindowsRange(ino uint64, off, end int64) {
-	o.filesMu.Lock()
-	if s := o.attrs[ino]; s != nil {
-		s.gen.Add(1)
-	}
-	o.filesMu.Unlock()
+	o.staleHeld(ino)
 	o.cache.dropRange(ino, off, end)
 }
 
