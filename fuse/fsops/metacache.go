@@ -256,13 +256,18 @@ func (c *metaCache) endCommitLocked(ino, start uint64) {
 // whileUnchanged calls fn, holding the cache's lock, if ino's capability
 // holds and no recall or name change dropped it since start: a recall
 // that comes later drops whatever fn kept (it forgets under the same
-// lock before it drops anything else).
-func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func()) {
+// lock before it drops anything else). fn gets the newest size this
+// mount's commits of ino returned so far (0 when none is kept).
+func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func(size uint64)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w, ok := c.writer[ino]
 	if ok && start >= c.floor && c.lost[ino] <= start && c.caps.Held(ino) && w.handle == handle && w.since <= start && w.others == 0 {
-		fn()
+		var size uint64
+		if e := c.m[ino]; e != nil && e.hasAttr {
+			size = e.attr.Size
+		}
+		fn(size)
 	}
 }
 

@@ -106,11 +106,15 @@ func (o *ClientOps) keepWritten(f *openFile, off int64, buf []byte, a *pb.Attr, 
 		return
 	}
 	ino, end := f.ino, off+int64(len(buf))
-	o.meta.whileUnchanged(ino, f.handle, start, func() {
+	o.meta.whileUnchanged(ino, f.handle, start, func(newest uint64) {
 		for ws := (off + raWindow - 1) &^ (raWindow - 1); ws < end; ws += raWindow {
 			we := min(ws+raWindow, end)
-			if we-ws < raWindow && uint64(we) != a.GetSize() {
-				break // a partial window that is not the end of the file
+			// A partial window only where this write ended the file, and
+			// no later write of the handle, finished before this one,
+			// has extended it since (a write still in flight drops it
+			// when it finishes: dataCache.dropRange).
+			if we-ws < raWindow && (uint64(we) != a.GetSize() || newest > uint64(we)) {
+				break
 			}
 			data := buf[ws-off : we-off : we-off]
 			if cap(buf) > 2*len(data) {
