@@ -57,11 +57,12 @@ type Caps struct {
 	rel chan *pb.CapRef // capabilities to give back
 }
 
-// proof is a command that renewed the session: when it was sent and the
-// index it was applied at.
+// proof is a command that renewed the session: when it was sent, the
+// index it was applied at, and when its answer came.
 type proof struct {
 	sent  time.Time
 	index uint64
+	at    time.Time
 }
 
 // maxPending bounds the renewals waiting to be seen on the stream; older
@@ -256,7 +257,7 @@ func (cp *Caps) answered(sent time.Time, index uint64) {
 	i, _ := slices.BinarySearchFunc(cp.pending, index, func(p proof, idx uint64) int {
 		return int64cmp(p.index, idx)
 	})
-	cp.pending = slices.Insert(cp.pending, i, proof{sent: sent, index: index})
+	cp.pending = slices.Insert(cp.pending, i, proof{sent: sent, index: index, at: time.Now()})
 	if len(cp.pending) > maxPending {
 		cp.pending = cp.pending[1:]
 	}
@@ -305,23 +306,77 @@ func (cp *Caps) WaitTrusted(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// staleAfter is how long the change stream may leave an answered
+// command's index undelivered before Caps takes it for stuck and opens
+// another. A stream can go quiet without breaking: its node was cut off
+// and is behind, or the connection died without a reset. Its holder would
+// miss recalls, and the writers waiting for them would wait for the
+// cluster to revoke, a whole lease.
+func staleAfter(lease time.Duration) time.Duration { return max(2*time.Second, lease/5) }
+
 // run follows the change stream until ctx ends, and gives capabilities
 // back.
 func (cp *Caps) run(ctx context.Context) {
 	go cp.releaser(ctx)
+	reopened := false
 	for ctx.Err() == nil {
-		ch, err := cp.c.Watch(ctx)
+		sctx, cancel := context.WithCancel(ctx)
+		ch, err := cp.c.Watch(sctx)
 		if err != nil {
+			cancel()
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 			continue
 		}
-		for ev := range ch {
+		if reopened {
+			cp.observe(&pb.WatchEvent{})
+		}
+		cp.follow(ch, cancel)
+		cancel()
+		reopened = true
+	}
+}
+
+// follow takes the events of one stream until it ends, and ends it
+// (cancel) once it falls staleAfter behind the answers.
+func (cp *Caps) follow(ch <-chan *pb.WatchEvent, cancel context.CancelFunc) {
+	lag := staleAfter(cp.c.k.sess.Load().lease)
+	tick := time.NewTicker(lag / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
 			cp.observe(ev)
+		case <-tick.C:
+			if behind := cp.behind(); behind > lag {
+				cp.c.k.cfg.log.Warn("memfs: change stream is behind the cluster; reopening it", "behind", behind)
+				cancel()
+				for range ch {
+					// Drain: the stream's goroutine ends when it can deliver.
+				}
+				return
+			}
 		}
 	}
+}
+
+// behind is how long ago the oldest answer the stream has not delivered
+// came (0: none).
+func (cp *Caps) behind() time.Duration {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var d time.Duration
+	for _, p := range cp.pending {
+		if p.index > cp.seen {
+			d = max(d, time.Since(p.at))
+		}
+	}
+	return d
 }
 
 // observe takes one change event: the index it reached proves renewals,

@@ -2,7 +2,9 @@ package client_test
 
 import (
 	"context"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,4 +110,104 @@ func TestCapabilityTrustLapses(t *testing.T) {
 	start := time.Now()
 	require.Eventually(t, func() bool { return !caps.Held(1) }, 2*lease, 10*time.Millisecond)
 	require.Less(t, time.Since(start), lease)
+}
+
+// blackhole is a dialer whose connections to one address can be made to
+// swallow everything, both ways, without breaking: a node cut off with no
+// reset, as a disconnected network leaves it.
+type blackhole struct {
+	mu    sync.Mutex
+	conns map[string][]*holeConn
+}
+
+type holeConn struct {
+	net.Conn
+	cut atomic.Bool
+}
+
+func (c *holeConn) Read(b []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(b)
+		if err != nil || !c.cut.Load() {
+			return n, err
+		}
+	}
+}
+
+func (c *holeConn) Write(b []byte) (int, error) {
+	if c.cut.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func (h *blackhole) dial(ctx context.Context, addr string) (net.Conn, error) {
+	c, err := client.DialAddr(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	hc := &holeConn{Conn: c}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.conns[addr] = append(h.conns[addr], hc)
+	return hc, nil
+}
+
+// cut swallows everything on the connections made to addr so far.
+func (h *blackhole) cut(addr string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns[addr] {
+		c.cut.Store(true)
+	}
+}
+
+// TestSilentStreamReopened: a holder whose change stream goes silent
+// without breaking (its node's connection swallows everything) while its
+// commands are answered through another node sees that the stream is
+// behind, opens another and gives its capabilities back, so a writer
+// does not wait for the cluster to revoke them after the holder's long
+// lease.
+func TestSilentStreamReopened(t *testing.T) {
+	cl := server.StartCluster(t, 3)
+	const lease = 30 * time.Second
+	h := &blackhole{conns: map[string][]*holeConn{}}
+	addrs := cl.APIAddrs()
+	ctx := t.Context()
+	holder, err := client.New(ctx, addrs, client.WithCaps(), client.WithLease(lease),
+		client.WithDialer(h.dial), client.WithAttemptTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	writer := connect(t, cl)
+	ino := putIno(t, writer, "/f", "one")
+
+	caps := holder.Caps()
+	lost := make(chan uint64, 16)
+	caps.OnRecall(func(inos []uint64) {
+		for _, i := range inos {
+			lost <- i
+		}
+	})
+	_, err = caps.Grant(ctx, []uint64{ino}, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return caps.Held(ino) }, 10*time.Second, 10*time.Millisecond)
+
+	// Every connection made so far goes silent; the client dialed only
+	// the first address, so its commands go on through the others.
+	h.mu.Lock()
+	t.Logf("dialed %d of %d addresses", len(h.conns), len(addrs))
+	h.mu.Unlock()
+	for _, a := range addrs {
+		h.cut(a)
+	}
+	require.NoError(t, holder.WriteFile("/g", []byte("renews"), 0o644))
+	select {
+	case i := <-lost:
+		require.Equal(t, ino, i)
+	case <-time.After(lease / 2):
+		t.Fatal("the silent stream was not replaced")
+	}
+	start := time.Now()
+	require.NoError(t, writer.WriteFile("/f", []byte("two"), 0o644))
+	require.Less(t, time.Since(start), lease/2, "the write waited for revocation, not a release")
 }

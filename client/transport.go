@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -72,6 +73,11 @@ func newTransport(cfg *config, addrs []string) (*transport, error) {
 	return t, nil
 }
 
+// keepaliveTime is how long a connection with calls in flight may stay
+// silent before the client pings the node, and how long it waits for the
+// answer. Nodes accept pings this often (their keepalive policy).
+const keepaliveTime = 5 * time.Second
+
 // connLocked returns the connection to addr, creating it (and recording
 // addr as known) the first time. grpc connects lazily, so this never blocks.
 func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
@@ -94,6 +100,9 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
 		}),
+		// Pings find a connection that died without a reset (a node cut
+		// off, a NAT that forgot it) while a stream waits on it.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime}),
 		// Large windows keep 1 MiB messages flowing without waiting for
 		// window updates on every frame.
 		grpc.WithInitialWindowSize(4<<20),

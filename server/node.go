@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/memoryfs/memfs/fsm"
 	pb "github.com/memoryfs/memfs/proto"
@@ -261,6 +262,11 @@ func (n *Node) startRaft(hasState bool) error {
 func (n *Node) serve() {
 	n.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(maxRecvMsg),
+		// Clients ping every few seconds while they wait on a stream
+		// (client.keepaliveTime); the node pings idle clients so the
+		// Watch streams of vanished ones end.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.ChainUnaryInterceptor(n.recoverUnary),
 		grpc.ChainStreamInterceptor(n.recoverStream),
 	)
