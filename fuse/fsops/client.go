@@ -404,13 +404,21 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 // close.
 func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, data []byte) (n int, e syscall.Errno) {
 	defer guard("write", &e)
-	o.dropWindows(ino)
+	f := o.file(handle)
+	if f != nil && !f.append {
+		// Only what the write covers, or the end of the file it may
+		// extend, goes stale: a sequential writer's earlier windows
+		// (keepWritten) stay for its readers.
+		o.dropWindowsRange(ino, off, off+int64(len(data)))
+	} else {
+		o.dropWindows(ino) // an append lands wherever the end is
+	}
 	if o.hasHeld(ino) {
 		// Held attribute changes were made before this write and go to
 		// the cluster first, so that the write still moves the mtime.
 		o.barrier(ino)
 	}
-	if f := o.file(handle); f != nil {
+	if f != nil {
 		if err := f.peekErr(); err != nil {
 			return 0, errnoOf("write", err)
 		}
