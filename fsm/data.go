@@ -321,7 +321,7 @@ func (t *tx) writeFile(x *pb.WriteCmd) (*pb.Result, error) {
 	var epoch uint64
 	switch {
 	case n == nil:
-		n = t.newInode(modeReg|x.Mode&modePerm, x.Uid, x.Gid)
+		n = t.newChild(r.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid)
 		t.addEntry(r.dir, r.name, n)
 		epoch = t.capCreated(r.dir, n)
 	case x.Truncate:

@@ -78,7 +78,7 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 	// Validated: from here on nothing fails.
 	var epoch uint64
 	if n == nil {
-		n = t.newInode(modeReg|x.Mode&modePerm, x.Uid, x.Gid)
+		n = t.newChild(create.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid)
 		t.addEntry(create.dir, create.name, n)
 		epoch = t.capCreated(create.dir, n)
 	}

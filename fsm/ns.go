@@ -129,6 +129,21 @@ func (t *tx) freeInode(n *inode) {
 	t.dropCaps(0, n.ino)
 }
 
+// newChild is newInode for an inode made in dir: in a set-group-ID
+// directory it takes the directory's group, and a new directory there
+// the bit too (the BSD rule that Linux applies to such directories).
+// Stripping the bit from a new file of a creator outside the group is
+// the kernel's part, before the request reaches a mount.
+func (t *tx) newChild(dir *inode, mode, uid, gid uint32) *inode {
+	if dir.mode&syscall.S_ISGID != 0 {
+		gid = dir.gid
+		if mode&modeType == modeDir {
+			mode |= syscall.S_ISGID
+		}
+	}
+	return t.newInode(mode, uid, gid)
+}
+
 func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 	r, err := t.newEntry(x.Loc, false)
 	if err != nil {
@@ -137,7 +152,7 @@ func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
-	n := t.newInode(modeDir|x.Mode&modePerm, x.Uid, x.Gid)
+	n := t.newChild(r.dir, modeDir|x.Mode&modePerm, x.Uid, x.Gid)
 	n.parent = r.dir.ino
 	t.addEntry(r.dir, r.name, n)
 	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
@@ -159,7 +174,7 @@ func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
-	n := t.newInode(modeLnk|0o777, x.Uid, x.Gid)
+	n := t.newChild(r.dir, modeLnk|0o777, x.Uid, x.Gid)
 	n.size = uint64(len(x.Target))
 	n.ext = &inodeExt{target: strings.Clone(x.Target)}
 	t.addEntry(r.dir, r.name, n)

@@ -57,6 +57,8 @@ var Cases = map[string]Case{
 	"names":           names,
 	"rename_open":     renameOpen,
 	"overwrite_tails": overwriteTails,
+	"setgid_dir":      setgidDir,
+	"rename_over":     renameOver,
 }
 
 func files(r *Rec) {
@@ -462,4 +464,48 @@ func overwriteTails(r *Rec) {
 	r.Fstat("a")
 	r.Close("a")
 	r.ReadFile("f")
+}
+
+// setgidDir: what is made in a set-group-ID directory takes its group,
+// and a directory the bit as well, all the way down.
+func setgidDir(r *Rec) {
+	r.Mkdir("g", 0o755)
+	r.Chown("g", -1, 4321)
+	r.Chmod("g", 0o2775)
+	r.Stat("g")
+	r.Mkdir("g/sub", 0o755)
+	r.Stat("g/sub")
+	r.Mkdir("g/sub/deeper", 0o700)
+	r.Stat("g/sub/deeper")
+	r.WriteFile("g/f", []byte("x"), 0o644)
+	r.Stat("g/f")
+	r.Open("h", "g/x", wronly|syscall.O_CREAT|syscall.O_EXCL, 0o2755)
+	r.Fstat("h")
+	r.Close("h")
+	r.Symlink("f", "g/l")
+	r.Lstat("g/l")
+	// Outside it, the creator's group again.
+	r.Mkdir("plain", 0o755)
+	r.Stat("plain")
+}
+
+// renameOver: a file replaced by a rename stays readable, writable and
+// stat-able through the descriptors still open on it, with no link left.
+func renameOver(r *Rec) {
+	r.WriteFile("old", []byte("the old content"), 0o644)
+	r.WriteFile("new", []byte("the new one"), 0o644)
+	r.Open("ro", "old", rdonly, 0)
+	r.Open("rw", "old", rdwr, 0)
+	r.Pread("ro", 4, 0) // a read before, as a program that opened it would
+	r.Rename("new", "old")
+	r.Fstat("ro")
+	r.Fstat("rw")
+	r.Pread("ro", 64, 0)
+	r.Pwrite("rw", []byte("OLD"), 4)
+	r.Pread("ro", 64, 0)
+	r.Fstat("ro")
+	r.ReadFile("old")
+	r.Close("ro")
+	r.Close("rw")
+	r.Stat("old")
 }
