@@ -18,7 +18,8 @@ func has(valid uint32, bit pb.SetAttrBit) bool { return valid&uint32(bit) != 0 }
 // setAttr is chmod, chown, truncate and utimens in one command; the size
 // change is planned (and refused with ENOSPC) before any attribute moves.
 func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
-	if x.Valid&^setAll != 0 {
+	access := x.Valid == uint32(pb.SetAttrBit_SET_ATIME_READ)
+	if x.Valid&^setAll != 0 && !access {
 		return nil, errf(syscall.EINVAL, "set_attr bits %#x", x.Valid)
 	}
 	var n *inode
@@ -54,13 +55,17 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 			return nil, err
 		}
 	}
-	if x.Valid == 0 {
+	if x.Valid == 0 || access && !t.atimeStale(n) {
 		return &pb.Result{Attr: n.attr()}, nil
 	}
 	if err := t.guard(n.ino); err != nil {
 		return nil, err
 	}
 	m := t.mut(n)
+	if access {
+		m.atime = t.now // an access is no change of attributes: ctime stays
+		return &pb.Result{Attr: m.attr()}, nil
+	}
 	t.setTimesAndOwner(m, x)
 	if has(x.Valid, pb.SetAttrBit_SET_SIZE) {
 		m.stored = uint64(int64(m.stored) + t.apply(&p))
@@ -71,6 +76,13 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 	}
 	m.ctime = t.now
 	return &pb.Result{Attr: m.attr()}, nil
+}
+
+// atimeStale is the relatime rule: an access moves n's atime when it is
+// not later than the last change of data or attributes, or a day old.
+func (t *tx) atimeStale(n *inode) bool {
+	const day = int64(24 * 60 * 60 * 1e9)
+	return n.atime <= n.mtime || n.atime <= n.ctime || t.now-n.atime >= day
 }
 
 func (t *tx) setTimesAndOwner(m *inode, x *pb.SetAttrCmd) {

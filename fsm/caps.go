@@ -29,6 +29,8 @@ type capab struct {
 	// revokeAt is the log time at which a recalled capability is taken
 	// from its holder; 0 while nobody waits for it.
 	revokeAt int64
+	// excl: no other session holds one on the inode while this lasts.
+	excl bool
 }
 
 // maxGrant bounds the capabilities one GrantCmd may ask for, entries of
@@ -92,7 +94,14 @@ func (t *tx) guard(inos ...uint64) error {
 	if len(in) == 0 {
 		return nil
 	}
-	for _, c := range in {
+	t.recall(in)
+	return errRecall
+}
+
+// recall asks the holders of caps to give them back, and sets when the
+// cluster takes those not given back: the holder's lease from now.
+func (t *tx) recall(caps []*capab) {
+	for _, c := range caps {
 		if c.revokeAt != 0 {
 			continue // recalled before
 		}
@@ -105,7 +114,6 @@ func (t *tx) guard(inos ...uint64) error {
 		t.putCap(&r)
 		t.recalled(&r, false)
 	}
-	return errRecall
 }
 
 func (t *tx) recalled(c *capab, revoked bool) {
@@ -123,15 +131,20 @@ func (t *tx) capCreated(dir, n *inode) uint64 {
 	if t.cmdSession == 0 || t.ncaps == 0 {
 		return 0
 	}
-	if _, ok := t.caps.get(pairKey(dir.ino, t.cmdSession)); !ok {
+	d, ok := t.caps.get(pairKey(dir.ino, t.cmdSession))
+	if !ok {
 		return 0
 	}
-	t.putCap(&capab{session: t.cmdSession, ino: n.ino, epoch: t.index})
+	// Nobody else can hold one on a new inode: it may be exclusive.
+	t.putCap(&capab{session: t.cmdSession, ino: n.ino, epoch: t.index, excl: d.excl})
 	return t.index
 }
 
-// grantCaps gives the session shared capabilities on x.Inos (and their
-// entries): every inode that exists, is linked and has no recall pending.
+// grantCaps gives the session capabilities on x.Inos (and their entries):
+// every inode that exists, is linked and has no recall pending. A grant
+// that conflicts with another session's capability (either is exclusive)
+// recalls it and waits like a change (errRecall). A capability held
+// exclusively stays exclusive when granted again.
 func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 	if sess == nil {
 		return nil, errf(syscall.ESTALE, "grant needs a session")
@@ -154,6 +167,18 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 			return nil, errf(syscall.E2BIG, "grant of more than %d capabilities", maxGrant)
 		}
 	}
+	var conflicts []*capab
+	for _, ino := range want {
+		for _, c := range t.capsOf(ino) {
+			if c.session != sess.id && (x.Exclusive || c.excl) {
+				conflicts = append(conflicts, c)
+			}
+		}
+	}
+	if len(conflicts) > 0 {
+		t.recall(conflicts)
+		return nil, errRecall
+	}
 	res := &pb.Result{Epoch: t.index}
 	asked := len(x.Inos)
 	for i, ino := range want {
@@ -163,7 +188,11 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 			}
 			continue
 		}
-		t.putCap(&capab{session: sess.id, ino: ino, epoch: t.index})
+		excl := x.Exclusive
+		if old, ok := t.caps.get(pairKey(ino, sess.id)); ok && old.excl {
+			excl = true
+		}
+		t.putCap(&capab{session: sess.id, ino: ino, epoch: t.index, excl: excl})
 		res.Granted = append(res.Granted, ino)
 	}
 	return res, nil

@@ -203,3 +203,63 @@ func protoClean(rs []*pb.Recall) []*pb.Recall {
 	}
 	return out
 }
+
+// TestExclusiveCapability: an exclusive capability keeps every other
+// session's off the inode. Either grant that conflicts recalls the other
+// and waits like a change; the holder's own grants keep it exclusive; a
+// create in a directory held exclusively hands out an exclusive one; the
+// flag survives a snapshot.
+func TestExclusiveCapability(t *testing.T) {
+	h := newCapHarness(t)
+	h.Must(ft.Mkdir("/d", 0o755))
+	h.Must(put("/d/f", "one"))
+	d, f := ino(t, h.Harness, "/d"), ino(t, h.Harness, "/d/f")
+
+	// Shared by other, then exclusive by holder: other's is recalled and
+	// the exclusive grant waits for it.
+	so := h.Must(h.as(h.other, ft.Grant(false, f)))
+	x := h.as(h.holder, ft.GrantExcl(f))
+	r := h.Do(x)
+	require.True(t, r.Recall)
+	require.Equal(t, []*pb.Recall{{Session: h.other, Ino: f, Epoch: so.Epoch}}, protoClean(h.recalls()))
+	h.Must(h.as(h.other, ft.Release(f, so.Epoch)))
+	r = h.Do(x)
+	require.Zero(t, r.Errno, r.Message)
+	require.Equal(t, []uint64{f}, r.Granted)
+
+	// Now a shared grant of other waits for the exclusive one.
+	s := h.as(h.other, ft.Grant(false, f))
+	require.True(t, h.Do(s).Recall)
+	require.Equal(t, []*pb.Recall{{Session: h.holder, Ino: f, Epoch: r.Epoch}}, protoClean(h.recalls()))
+	require.Equal(t, []uint64{h.holder}, h.F.CapHolders(h.Time)(f))
+	h.Must(h.as(h.holder, ft.Release(f, r.Epoch)))
+	require.Equal(t, []uint64{f}, h.Must(s).Granted)
+
+	// The holder's own grants: shared then exclusive is an upgrade once
+	// other's shared one is gone; granted shared again it stays exclusive.
+	o2 := h.Must(h.as(h.other, ft.Grant(false, d)))
+	dx := h.as(h.holder, ft.GrantExcl(d))
+	require.True(t, h.Do(dx).Recall)
+	h.Must(h.as(h.other, ft.Release(d, o2.Epoch)))
+	require.Equal(t, []uint64{d}, h.Must(dx).Granted)
+	h.Must(h.as(h.holder, ft.Grant(false, d)))
+	require.True(t, h.Do(h.as(h.other, ft.Grant(false, d))).Recall, "still exclusive")
+
+	// A file the holder creates in the directory is its exclusively.
+	c := h.Must(h.as(h.holder, ft.Create("/d/g")))
+	require.NotZero(t, c.Epoch)
+	g := ino(t, h.Harness, "/d/g")
+	require.True(t, h.Do(h.as(h.other, ft.Grant(false, g))).Recall)
+
+	// Snapshot and restore keep it exclusive.
+	var buf bytes.Buffer
+	_, err := h.F.Snapshot().WriteTo(&buf)
+	require.NoError(t, err)
+	res, err := fsm.New(fsm.Config{ChunkSize: cs})
+	require.NoError(t, err)
+	require.NoError(t, res.Restore(bytes.NewReader(buf.Bytes())))
+	var again bytes.Buffer
+	_, err = res.Snapshot().WriteTo(&again)
+	require.NoError(t, err)
+	require.Equal(t, buf.Bytes(), again.Bytes())
+}

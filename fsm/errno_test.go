@@ -144,7 +144,8 @@ func TestCommandErrnos(t *testing.T) {
 		{"truncate read-only handle", func(h *ft.Harness, ro uint64) *pb.Command {
 			return h.Sess(ft.SetAttr(nil, &pb.SetAttrCmd{Handle: ro, Valid: uint32(pb.SetAttrBit_SET_SIZE)}))
 		}, syscall.EINVAL},
-		{"setattr unknown bit", c(ft.SetAttr(ft.Path("/file"), &pb.SetAttrCmd{Valid: 256})), syscall.EINVAL},
+		{"setattr unknown bit", c(ft.SetAttr(ft.Path("/file"), &pb.SetAttrCmd{Valid: 1024})), syscall.EINVAL},
+		{"setattr access with another bit", c(ft.SetAttr(ft.Path("/file"), &pb.SetAttrCmd{Valid: 256 | 1})), syscall.EINVAL},
 		{"setattr missing", c(ft.Chmod("/nope", 0o600)), syscall.ENOENT},
 
 		{"symlink empty target", c(ft.Symlink("", "/s")), syscall.ENOENT},

@@ -111,13 +111,14 @@ func (g *logGen) command() *pb.Command {
 	case 19:
 		c = ft.Chmod(g.path(), uint32(g.rng.IntN(0o10000)))
 	case 20:
-		c = ft.SetAttr(ft.Path(g.path()), &pb.SetAttrCmd{Valid: uint32(g.rng.IntN(256)), Size: int64(g.rng.IntN(3 * cs)), MtimeNs: g.rng.Int64()})
+		c = ft.SetAttr(ft.Path(g.path()), &pb.SetAttrCmd{Valid: uint32(g.rng.IntN(512)), Size: int64(g.rng.IntN(3 * cs)), MtimeNs: g.rng.Int64()})
 	case 21:
 		inos := make([]uint64, 1+g.rng.IntN(4))
 		for i := range inos {
 			inos[i] = 1 + uint64(g.rng.IntN(40))
 		}
 		c = ft.Grant(g.rng.IntN(2) == 0, inos...)
+		c.GetGrant().Exclusive = g.rng.IntN(3) == 0
 	case 22:
 		epoch := uint64(g.rng.IntN(5))
 		if len(g.grants) > 0 && g.rng.IntN(4) != 0 {

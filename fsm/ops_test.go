@@ -234,3 +234,70 @@ func TestWaitAppliedAndChanged(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, f.WaitApplied(context.Background(), 1))
 }
+
+// TestSetgidDirectory: what is made in a set-group-ID directory takes its
+// group, a directory the bit too; elsewhere the creator's group.
+func TestSetgidDirectory(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	h.Must(&pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/g"), Mode: 0o2775, Uid: 1, Gid: 4321}}})
+	h.Must(&pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/plain"), Mode: 0o755, Uid: 1, Gid: 1}}})
+	h.OpenSession(60_000)
+	cases := []struct {
+		name     string
+		cmd      *pb.Command
+		wantMode uint32
+		wantGid  uint32
+	}{
+		{"dir", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/g/d"), Mode: 0o755, Uid: 2, Gid: 7}}}, syscall.S_IFDIR | 0o2755, 4321},
+		{"dir in dir", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/g/d/e"), Mode: 0o700, Uid: 2, Gid: 7}}}, syscall.S_IFDIR | 0o2700, 4321},
+		{"file by open", h.Sess(&pb.Command{Op: &pb.Command_Open{Open: &pb.OpenCmd{Loc: ft.Path("/g/f"), Flags: ft.OCreat | ft.ORdwr, Mode: 0o644, Uid: 2, Gid: 7}}}), syscall.S_IFREG | 0o644, 4321},
+		{"file keeps its own bits", h.Sess(&pb.Command{Op: &pb.Command_Open{Open: &pb.OpenCmd{Loc: ft.Path("/g/x"), Flags: ft.OCreat | ft.ORdwr, Mode: 0o2755, Uid: 2, Gid: 7}}}), syscall.S_IFREG | 0o2755, 4321},
+		{"symlink", &pb.Command{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{Loc: ft.Path("/g/l"), Target: "f", Uid: 2, Gid: 7}}}, syscall.S_IFLNK | 0o777, 4321},
+		{"outside", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: ft.Path("/plain/d"), Mode: 0o755, Uid: 2, Gid: 7}}}, syscall.S_IFDIR | 0o755, 7},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := h.Must(tc.cmd).GetAttr()
+			require.Equal(t, tc.wantMode, a.GetMode(), "mode %o", a.GetMode())
+			require.Equal(t, tc.wantGid, a.GetGid())
+		})
+	}
+}
+
+// TestAccessTimeRelatime: an access moves atime only when it is not
+// later than mtime or ctime or is a day old, and never moves ctime.
+func TestAccessTimeRelatime(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	access := ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{Valid: uint32(pb.SetAttrBit_SET_ATIME_READ)})
+	h.Must(put("/f", "x"))
+	attr := func() *pb.Attr { return h.MustQ(ft.Stat("/f")).GetAttr() }
+	steps := []struct {
+		name  string
+		do    func()
+		moves bool
+	}{
+		{"first access after the create", func() {}, true},
+		{"again, nothing changed", func() {}, false},
+		{"after a write", func() { h.Must(ft.Write("/f", 0, []byte("y"))) }, true},
+		{"after a chmod", func() { h.Must(ft.Chmod("/f", 0o600)) }, true},
+		{"an hour later", func() { h.Advance(time.Hour) }, false},
+		{"a day later", func() { h.Advance(24 * time.Hour) }, true},
+	}
+	for _, s := range steps {
+		h.Advance(time.Second)
+		s.do()
+		before := attr()
+		after := h.Must(access).GetAttr()
+		require.Equal(t, before.GetCtimeNs(), after.GetCtimeNs(), s.name)
+		require.Equal(t, before.GetMtimeNs(), after.GetMtimeNs(), s.name)
+		if s.moves {
+			require.Greater(t, after.GetAtimeNs(), max(before.GetAtimeNs(), before.GetMtimeNs(), before.GetCtimeNs()), s.name)
+		} else {
+			require.Equal(t, before.GetAtimeNs(), after.GetAtimeNs(), s.name)
+		}
+		require.Equal(t, after.GetAtimeNs(), attr().GetAtimeNs(), s.name)
+	}
+	// Only alone.
+	r := h.Do(ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{Valid: uint32(pb.SetAttrBit_SET_ATIME_READ | pb.SetAttrBit_SET_MODE)}))
+	require.Equal(t, syscall.EINVAL, errnoOf(r))
+}

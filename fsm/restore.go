@@ -305,9 +305,14 @@ func (rs *restorer) lock(d *dec) error {
 
 func (rs *restorer) capab(d *dec) error {
 	c := &capab{ino: d.u(), session: d.u(), epoch: d.u(), revokeAt: d.i()}
+	flags := d.u()
 	if err := d.done(); err != nil {
 		return err
 	}
+	if flags&^capExcl != 0 {
+		return badSnap("capability of session %d on %d: flags %#x", c.session, c.ino, flags)
+	}
+	c.excl = flags&capExcl != 0
 	return putNew(rs, &rs.s.caps, pairKey(c.ino, c.session), c)
 }
 

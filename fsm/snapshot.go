@@ -51,6 +51,8 @@ const (
 	recEnd     = 'E'
 
 	maxRecord = 4 << 20 // any record but a block's
+
+	capExcl = 1 // flag of a 'C' record: the capability is exclusive
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -126,7 +128,11 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		return sw.err != nil
 	})
 	s.caps.root().Walk(func(_ []byte, c *capab) bool {
-		sw.record(recCap, e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).b, nil)
+		var flags uint64
+		if c.excl {
+			flags = capExcl
+		}
+		sw.record(recCap, e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags).b, nil)
 		return sw.err != nil
 	})
 	mo := proto.MarshalOptions{Deterministic: true}

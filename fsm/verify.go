@@ -262,9 +262,14 @@ func verifyReachable(s *state) error {
 // linked inode, and counts them.
 func verifyCaps(s *state) error {
 	var err error
+	var prev *capab // the previous capability in key order: inode, then session
 	s.caps.root().Walk(func(_ []byte, c *capab) bool {
 		n := s.inode(c.ino)
+		conflict := prev != nil && prev.ino == c.ino && (prev.excl || c.excl)
+		prev = c
 		switch {
+		case conflict:
+			err = badSnap("capability of session %d on %d is exclusive, but another session holds one", c.session, c.ino)
 		case s.session(c.session) == nil:
 			err = badSnap("capability on %d of unknown session %d", c.ino, c.session)
 		case n == nil || n.nlink == 0:

@@ -41,6 +41,10 @@ const (
 	SetAttrBit_SET_MTIME     SetAttrBit = 32
 	SetAttrBit_SET_ATIME_NOW SetAttrBit = 64
 	SetAttrBit_SET_MTIME_NOW SetAttrBit = 128
+	// An access by a read, alone: atime moves to the log time when it is
+	// not later than mtime or ctime or is a day old (the relatime rule);
+	// ctime stays. Changes nothing otherwise.
+	SetAttrBit_SET_ATIME_READ SetAttrBit = 256
 )
 
 // Enum value maps for SetAttrBit.
@@ -55,17 +59,19 @@ var (
 		32:  "SET_MTIME",
 		64:  "SET_ATIME_NOW",
 		128: "SET_MTIME_NOW",
+		256: "SET_ATIME_READ",
 	}
 	SetAttrBit_value = map[string]int32{
-		"SET_NONE":      0,
-		"SET_MODE":      1,
-		"SET_UID":       2,
-		"SET_GID":       4,
-		"SET_SIZE":      8,
-		"SET_ATIME":     16,
-		"SET_MTIME":     32,
-		"SET_ATIME_NOW": 64,
-		"SET_MTIME_NOW": 128,
+		"SET_NONE":       0,
+		"SET_MODE":       1,
+		"SET_UID":        2,
+		"SET_GID":        4,
+		"SET_SIZE":       8,
+		"SET_ATIME":      16,
+		"SET_MTIME":      32,
+		"SET_ATIME_NOW":  64,
+		"SET_MTIME_NOW":  128,
+		"SET_ATIME_READ": 256,
 	}
 )
 
@@ -1612,11 +1618,14 @@ func (*TickCmd) Descriptor() ([]byte, []int) {
 // directory in inos, so that a listing read after the grant is covered
 // whole. The result carries the grant's epoch (its log index) and the
 // inodes granted (granted) and those asked for by number and not granted
-// (refused).
+// (refused). An exclusive capability also keeps every other session from
+// holding one on the inode: its grant waits, as a change does, until the
+// others' capabilities are released, and their grants wait for it.
 type GrantCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Inos          []uint64               `protobuf:"varint,1,rep,packed,name=inos,proto3" json:"inos,omitempty"`
 	WithEntries   bool                   `protobuf:"varint,2,opt,name=with_entries,json=withEntries,proto3" json:"with_entries,omitempty"`
+	Exclusive     bool                   `protobuf:"varint,3,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1661,6 +1670,13 @@ func (x *GrantCmd) GetInos() []uint64 {
 func (x *GrantCmd) GetWithEntries() bool {
 	if x != nil {
 		return x.WithEntries
+	}
+	return false
+}
+
+func (x *GrantCmd) GetExclusive() bool {
+	if x != nil {
+		return x.Exclusive
 	}
 	return false
 }
@@ -4674,10 +4690,11 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06client\x18\x02 \x01(\tR\x06client\"\x0e\n" +
 	"\fKeepAliveCmd\"\x11\n" +
 	"\x0fCloseSessionCmd\"\t\n" +
-	"\aTickCmd\"A\n" +
+	"\aTickCmd\"_\n" +
 	"\bGrantCmd\x12\x12\n" +
 	"\x04inos\x18\x01 \x03(\x04R\x04inos\x12!\n" +
-	"\fwith_entries\x18\x02 \x01(\bR\vwithEntries\"0\n" +
+	"\fwith_entries\x18\x02 \x01(\bR\vwithEntries\x12\x1c\n" +
+	"\texclusive\x18\x03 \x01(\bR\texclusive\"0\n" +
 	"\x06CapRef\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"2\n" +
@@ -4892,7 +4909,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\arevoked\x18\x04 \x01(\bR\arevoked*\x95\x01\n" +
+	"\arevoked\x18\x04 \x01(\bR\arevoked*\xaa\x01\n" +
 	"\n" +
 	"SetAttrBit\x12\f\n" +
 	"\bSET_NONE\x10\x00\x12\f\n" +
@@ -4903,7 +4920,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\tSET_ATIME\x10\x10\x12\r\n" +
 	"\tSET_MTIME\x10 \x12\x11\n" +
 	"\rSET_ATIME_NOW\x10@\x12\x12\n" +
-	"\rSET_MTIME_NOW\x10\x80\x01**\n" +
+	"\rSET_MTIME_NOW\x10\x80\x01\x12\x13\n" +
+	"\x0eSET_ATIME_READ\x10\x80\x02**\n" +
 	"\vConsistency\x12\x10\n" +
 	"\fLINEARIZABLE\x10\x00\x12\t\n" +
 	"\x05STALE\x10\x012\xf9\x04\n" +

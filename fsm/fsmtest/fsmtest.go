@@ -220,6 +220,11 @@ func Grant(entries bool, inos ...uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
 }
 
+// GrantExcl asks for exclusive capabilities on inos.
+func GrantExcl(inos ...uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, Exclusive: true}}}
+}
+
 // Release gives back the capability on ino granted at epoch.
 func Release(ino, epoch uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Release{Release: &pb.ReleaseCmd{Caps: []*pb.CapRef{{Ino: ino, Epoch: epoch}}}}}
