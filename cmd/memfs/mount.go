@@ -37,6 +37,7 @@ var mountFlags struct {
 	debug, hugePages bool
 	cpuProfile       string
 	binding          string
+	atime            string
 	caps             bool
 }
 
@@ -76,6 +77,7 @@ func init() {
 	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
 	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
 	f.StringVar(&mountFlags.binding, "binding", fuse.BindingGoFuse, "FUSE library serving the mount: gofuse (go-fuse: 1 MiB requests, READDIRPLUS, negative entries) or bazil (bazil.org/fuse); docs/fuse.md")
+	f.StringVar(&mountFlags.atime, "atime", fuse.AtimeNo, "noatime: reads never move access times; relatime: the first read after a change does, one background command each (docs/fuse.md)")
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
@@ -101,6 +103,7 @@ func mountOptions() fuse.Options {
 		ReadaheadKiB:   mountFlags.readaheadKiB,
 		DataCache:      dataCacheOption(int64(mountFlags.dataCache)),
 		Binding:        mountFlags.binding,
+		Atime:          mountFlags.atime,
 	}
 }
 

@@ -36,6 +36,10 @@ type Options struct {
 	// (datacache.go); 0 keeps only what readahead needs, for the handle
 	// that fetched it.
 	DataCache int64
+	// Relatime records the reads the mount serves as accesses, which
+	// move atime under the relatime rule (atime.go); off, atime moves
+	// only when set explicitly (noatime).
+	Relatime bool
 }
 
 // ClientOps implements Ops over a MemoryFS client.
@@ -50,6 +54,7 @@ type ClientOps struct {
 	capMiss  *inoSet
 	noXattrs *inoSet
 	cache    *dataCache
+	acc      *accessor
 	reads    atomic.Int64 // read RPCs sent to the cluster (tests)
 
 	// With capabilities (the client was made WithCaps): the metadata
@@ -78,6 +83,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 		capMiss:  newInoSet(capMissTTL),
 		noXattrs: newInoSet(noXattrTTL),
 		cache:    newDataCache(opt.DataCache),
+		acc:      newAccessor(),
 		files:    map[uint64]map[uint64]*openFile{},
 		byHandle: map[uint64]*openFile{},
 		attrs:    map[uint64]*attrState{},
@@ -384,6 +390,7 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 		if err != nil {
 			return 0, errnoOf("read", err)
 		}
+		o.accessed(ino)
 		return n, 0
 	}
 	o.reads.Add(1)
@@ -395,6 +402,7 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 	if err != nil {
 		return 0, errnoOf("read", err)
 	}
+	o.accessed(ino)
 	return n, 0
 }
 

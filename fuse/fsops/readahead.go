@@ -74,6 +74,7 @@ func (r *raState) sequential(start int64) bool {
 func (o *ClientOps) dropWindows(ino uint64) {
 	o.staleHeld(ino)
 	o.cache.drop(ino)
+	o.forgetAccess(ino)
 }
 
 // staleHeld marks the attributes that ino's held changes were answered
@@ -92,6 +93,7 @@ func (o *ClientOps) staleHeld(ino uint64) {
 func (o *ClientOps) dropWindowsRange(ino uint64, off, end int64) {
 	o.staleHeld(ino)
 	o.cache.dropRange(ino, off, end)
+	o.forgetAccess(ino)
 }
 
 // keepWritten keeps what a write of this mount committed at off (begun at
@@ -136,6 +138,7 @@ func (o *ClientOps) dropAllWindows() {
 	}
 	o.filesMu.Unlock()
 	o.cache.clear()
+	o.forgetAccess(0)
 }
 
 // sharedCache reports whether windows fetched by one handle may answer
