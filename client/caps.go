@@ -45,6 +45,7 @@ type Caps struct {
 	mu       sync.Mutex
 	session  uint64            // the session the capabilities belong to; guarded by mu
 	held     map[uint64]uint64 // ino -> epoch; guarded by mu
+	excl     map[uint64]uint64 // ino -> epoch of an exclusive grant, while held; guarded by mu
 	recalled map[uint64]uint64 // ino -> epoch recalled while grants are in flight; guarded by mu
 	granting int               // grants in flight; guarded by mu
 	pending  []proof           // renewals not yet seen on the stream, by index; guarded by mu
@@ -74,7 +75,7 @@ const maxPending = 256
 func trustMargin(lease time.Duration) time.Duration { return lease/10 + 100*time.Millisecond }
 
 func newCaps(c *Client) *Caps {
-	return &Caps{c: c, held: map[uint64]uint64{}, recalled: map[uint64]uint64{},
+	return &Caps{c: c, held: map[uint64]uint64{}, excl: map[uint64]uint64{}, recalled: map[uint64]uint64{},
 		rel: make(chan *pb.CapRef, 4096), trusted: make(chan struct{})}
 }
 
@@ -137,8 +138,29 @@ func (cp *Caps) Len() int {
 // that does not exist, has no name, or is being recalled for another
 // session is not granted, and that is not an error.
 func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint64, error) {
+	return cp.grant(ctx, &pb.GrantCmd{Inos: inos, WithEntries: entries})
+}
+
+// GrantExclusive asks for exclusive capabilities on inos: while one is
+// held, no other session holds any capability on the inode. It waits
+// until the cluster has recalled the others' (at most their lease when a
+// holder does not answer). It returns the inodes granted.
+func (cp *Caps) GrantExclusive(ctx context.Context, inos ...uint64) ([]uint64, error) {
+	return cp.grant(ctx, &pb.GrantCmd{Inos: inos, Exclusive: true})
+}
+
+// HeldExclusive reports whether the session holds an exclusive capability
+// on ino (GrantExclusive) that can be trusted now.
+func (cp *Caps) HeldExclusive(ino uint64) bool {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	e, ok := cp.held[ino]
+	return ok && cp.excl[ino] == e && cp.trustedLocked()
+}
+
+func (cp *Caps) grant(ctx context.Context, g *pb.GrantCmd) ([]uint64, error) {
 	defer cp.Expect()()
-	cmd := &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
+	cmd := &pb.Command{Op: &pb.Command_Grant{Grant: g}}
 	res, err := cp.c.k.apply(ctx, cmd, 0)
 	if err != nil {
 		return nil, fmt.Errorf("grant: %w", err)
@@ -156,6 +178,9 @@ func (cp *Caps) Grant(ctx context.Context, inos []uint64, entries bool) ([]uint6
 			continue
 		}
 		cp.held[ino] = epoch
+		if g.Exclusive {
+			cp.excl[ino] = epoch
+		}
 		granted = append(granted, ino)
 	}
 	cp.mu.Unlock()
@@ -179,6 +204,7 @@ func (cp *Caps) newSession(session uint64) {
 	lost := slices.Collect(maps.Keys(cp.held))
 	cp.session = session
 	clear(cp.held)
+	clear(cp.excl)
 	fns := cp.onRecall
 	cp.mu.Unlock()
 	if len(lost) > 0 {
@@ -231,6 +257,7 @@ func (cp *Caps) Release(inos ...uint64) {
 	for _, ino := range inos {
 		if e, ok := cp.held[ino]; ok {
 			delete(cp.held, ino)
+			delete(cp.excl, ino)
 			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
 		}
 	}
@@ -392,6 +419,7 @@ func (cp *Caps) observe(ev *pb.WatchEvent) {
 			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
 		}
 		clear(cp.held)
+		clear(cp.excl)
 		cp.until, cp.first, cp.pending = time.Time{}, 0, nil
 	} else {
 		if cp.first == 0 {
@@ -401,6 +429,7 @@ func (cp *Caps) observe(ev *pb.WatchEvent) {
 			for ino, e := range cp.held {
 				if e < cp.first {
 					delete(cp.held, ino)
+					delete(cp.excl, ino)
 					lost = append(lost, ino)
 					refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
 				}
@@ -424,6 +453,7 @@ func (cp *Caps) observe(ev *pb.WatchEvent) {
 		}
 		if e, ok := cp.held[r.GetIno()]; ok && e <= r.GetEpoch() {
 			delete(cp.held, r.GetIno())
+			delete(cp.excl, r.GetIno())
 			lost = append(lost, r.GetIno())
 			if !r.GetRevoked() {
 				refs = append(refs, &pb.CapRef{Ino: r.GetIno(), Epoch: r.GetEpoch()})

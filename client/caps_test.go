@@ -211,3 +211,50 @@ func TestSilentStreamReopened(t *testing.T) {
 	require.NoError(t, writer.WriteFile("/f", []byte("two"), 0o644))
 	require.Less(t, time.Since(start), lease/2, "the write waited for revocation, not a release")
 }
+
+// TestExclusiveCapability: an exclusive grant recalls the other
+// sessions' capabilities and waits for them; while it is held, another
+// session's grant recalls it in turn.
+func TestExclusiveCapability(t *testing.T) {
+	cl := server.StartCluster(t, 3)
+	a := connect(t, cl, client.WithCaps())
+	b := connect(t, cl, client.WithCaps())
+	ctx := t.Context()
+	ino := putIno(t, a, "/f", "one")
+	lost := func(c *client.Client) chan uint64 {
+		ch := make(chan uint64, 8)
+		c.Caps().OnRecall(func(inos []uint64) {
+			for _, i := range inos {
+				ch <- i
+			}
+		})
+		return ch
+	}
+	lostA, lostB := lost(a), lost(b)
+	trusted := func(c *client.Client, ino uint64, excl bool) func() bool {
+		return func() bool {
+			if excl {
+				return c.Caps().HeldExclusive(ino)
+			}
+			return c.Caps().Held(ino)
+		}
+	}
+
+	_, err := a.Caps().Grant(ctx, []uint64{ino}, false)
+	require.NoError(t, err)
+	require.Eventually(t, trusted(a, ino, false), 10*time.Second, 10*time.Millisecond)
+	require.False(t, a.Caps().HeldExclusive(ino), "granted shared")
+
+	granted, err := b.Caps().GrantExclusive(ctx, ino)
+	require.NoError(t, err)
+	require.Equal(t, []uint64{ino}, granted)
+	require.Equal(t, ino, <-lostA, "the shared holder was recalled first")
+	require.False(t, a.Caps().Held(ino))
+	require.Eventually(t, trusted(b, ino, true), 10*time.Second, 10*time.Millisecond)
+
+	_, err = a.Caps().Grant(ctx, []uint64{ino}, false)
+	require.NoError(t, err)
+	require.Equal(t, ino, <-lostB, "a shared grant recalls the exclusive one")
+	require.False(t, b.Caps().HeldExclusive(ino))
+	require.Eventually(t, trusted(a, ino, false), 10*time.Second, 10*time.Millisecond)
+}
