@@ -359,3 +359,34 @@ func requireGranted(t *testing.T, cl *client.Client, h uint64, want bool) {
 	require.NoError(t, err)
 	require.Equal(t, want, !res.Queued)
 }
+
+// TestMknod: special files through the client library, with their io/fs
+// modes and device numbers.
+func TestMknod(t *testing.T) {
+	cl := server.StartCluster(t, 1)
+	c := connect(t, cl)
+	for _, tc := range []struct {
+		name string
+		mode fs.FileMode
+		dev  uint64
+	}{
+		{"fifo", fs.ModeNamedPipe | 0o640, 0},
+		{"sock", fs.ModeSocket | 0o755, 0},
+		{"chr", fs.ModeDevice | fs.ModeCharDevice | 0o666, 0x0103},
+		{"blk", fs.ModeDevice | 0o660, 0x0800},
+		{"reg", 0o644, 0},
+	} {
+		p := "/" + tc.name
+		require.NoError(t, c.Mknod(p, tc.mode, tc.dev), tc.name)
+		fi, err := c.Lstat(p)
+		require.NoError(t, err)
+		require.Equal(t, tc.mode, fi.Mode(), tc.name)
+		require.Equal(t, tc.dev, fi.Sys().(*pb.Attr).GetRdev(), tc.name)
+		require.ErrorIs(t, c.Mknod(p, tc.mode, tc.dev), fs.ErrExist)
+		if tc.name != "reg" {
+			_, err = c.Open(p)
+			require.ErrorIs(t, err, syscall.ENXIO, tc.name)
+		}
+	}
+	require.ErrorIs(t, c.Mknod("/d", fs.ModeDir|0o755, 0), syscall.EINVAL)
+}

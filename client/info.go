@@ -18,6 +18,10 @@ const (
 	sIFDIR  = 0o040000
 	sIFREG  = 0o100000
 	sIFLNK  = 0o120000
+	sIFIFO  = 0o010000
+	sIFSOCK = 0o140000
+	sIFCHR  = 0o020000
+	sIFBLK  = 0o060000
 	sISUID  = 0o4000
 	sISGID  = 0o2000
 	sISVTX  = 0o1000
@@ -33,6 +37,14 @@ func FileMode(mode uint32) fs.FileMode {
 		m |= fs.ModeDir
 	case sIFLNK:
 		m |= fs.ModeSymlink
+	case sIFIFO:
+		m |= fs.ModeNamedPipe
+	case sIFSOCK:
+		m |= fs.ModeSocket
+	case sIFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case sIFBLK:
+		m |= fs.ModeDevice
 	case sIFREG:
 	default:
 		m |= fs.ModeIrregular

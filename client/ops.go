@@ -36,6 +36,31 @@ func (c *Client) Mkdir(name string, perm fs.FileMode) error {
 	return err
 }
 
+// Mknod creates name as a FIFO (fs.ModeNamedPipe), a Unix socket
+// (fs.ModeSocket), a character (fs.ModeDevice|fs.ModeCharDevice) or block
+// device (fs.ModeDevice) with device number dev (Linux encoding,
+// unix.Mkdev), or an empty regular file. The cluster keeps its name, type
+// and attributes; only a mount's kernel opens a special file.
+func (c *Client) Mknod(name string, mode fs.FileMode, dev uint64) error {
+	var typ uint32
+	switch {
+	case mode&fs.ModeNamedPipe != 0:
+		typ = sIFIFO
+	case mode&fs.ModeSocket != 0:
+		typ = sIFSOCK
+	case mode&fs.ModeCharDevice != 0:
+		typ = sIFCHR
+	case mode&fs.ModeDevice != 0:
+		typ = sIFBLK
+	case mode&fs.ModeType != 0:
+		return &fs.PathError{Op: "mknod", Path: name, Err: syscall.EINVAL}
+	}
+	_, err := c.do("mknod", name, &pb.Command{Op: &pb.Command_Mknod{Mknod: &pb.MknodCmd{
+		Loc: &pb.Loc{Path: clean(name)}, Mode: typ | modeBits(mode), Rdev: dev, Uid: c.k.cfg.uid, Gid: c.k.cfg.gid,
+	}}})
+	return err
+}
+
 // MkdirAll creates name and any missing parents; an existing directory is
 // not an error.
 func (c *Client) MkdirAll(name string, perm fs.FileMode) error {

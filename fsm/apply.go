@@ -140,6 +140,8 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.setAttr(orEmpty(op.SetAttr), sess)
 	case *pb.Command_Symlink:
 		return t.symlink(orEmpty(op.Symlink))
+	case *pb.Command_Mknod:
+		return t.mknod(orEmpty(op.Mknod))
 	case *pb.Command_Link:
 		return t.link(orEmpty(op.Link))
 	case *pb.Command_SetXattr:

@@ -48,7 +48,7 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 		case n.isDir():
 			return nil, errf(syscall.EISDIR, "truncate inode %d", n.ino)
 		case !n.isReg():
-			return nil, errf(syscall.EINVAL, "truncate symlink inode %d", n.ino)
+			return nil, errf(syscall.EINVAL, "truncate non-regular inode %d", n.ino)
 		}
 		p = t.planTruncate(n, uint64(x.Size))
 		if err := t.fits(&p); err != nil {

@@ -185,7 +185,7 @@ func (t *tx) write(x *pb.WriteCmd, sess *session) (*pb.Result, error) {
 	case n.isDir():
 		return nil, errf(syscall.EISDIR, "write to inode %d", n.ino)
 	case !n.isReg():
-		return nil, errf(syscall.EINVAL, "write to symlink inode %d", n.ino)
+		return nil, errf(syscall.EINVAL, "write to non-regular inode %d", n.ino)
 	case x.Offset < 0:
 		return nil, errf(syscall.EINVAL, "write at offset %d", x.Offset)
 	}

@@ -65,7 +65,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(24) {
+	switch g.rng.IntN(25) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -125,6 +125,9 @@ func (g *logGen) command() *pb.Command {
 			epoch = g.grants[g.rng.IntN(len(g.grants))]
 		}
 		c = ft.Release(1+uint64(g.rng.IntN(40)), epoch)
+	case 23:
+		types := []uint32{0o010000, 0o140000, 0o020000, 0o060000, 0, 0o040000}
+		c = ft.Mknod(g.path(), types[g.rng.IntN(len(types))]|uint32(g.rng.IntN(0o10000)), uint64(g.rng.IntN(1<<20)))
 	default:
 		c = ft.Tick()
 	}

@@ -101,6 +101,10 @@ func openable(n *inode, flags uint32, loc *pb.Loc) error {
 	switch {
 	case n.isLnk():
 		return errf(syscall.ELOOP, "%s is a symlink", locString(loc))
+	case n.isSpecial():
+		// A FIFO, socket or device is opened by the kernel of a mount,
+		// never through the cluster.
+		return errf(syscall.ENXIO, "%s is a special file", locString(loc))
 	case n.isDir() && (flags&oAccMode != oRdonly || flags&(oTrunc|oCreat) != 0):
 		return errf(syscall.EISDIR, "%s", locString(loc))
 	case flags&oDirectory != 0 && !n.isDir():

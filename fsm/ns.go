@@ -158,6 +158,33 @@ func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
 }
 
+// mknod makes a special file, or a regular one when mode has no type or
+// S_IFREG, as mknod(2) does.
+func (t *tx) mknod(x *pb.MknodCmd) (*pb.Result, error) {
+	mode := x.Mode
+	switch {
+	case mode&modeType == 0 || mode&modeType == modeReg:
+		mode = modeReg | mode&modePerm
+	case !specialType(mode):
+		return nil, errf(syscall.EINVAL, "mknod of type %#o", mode&modeType)
+	case x.Rdev > 0xffffffff:
+		return nil, errf(syscall.EINVAL, "device number %#x", x.Rdev)
+	}
+	r, err := t.newEntry(x.Loc, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.guard(r.dir.ino); err != nil {
+		return nil, err
+	}
+	n := t.newChild(r.dir, mode&(modeType|modePerm), x.Uid, x.Gid)
+	if n.isDev() {
+		n.size = x.Rdev
+	}
+	t.addEntry(r.dir, r.name, n)
+	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
+}
+
 func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
 	switch {
 	case x.Target == "":

@@ -1,6 +1,7 @@
 package fsm_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"syscall"
@@ -300,4 +301,63 @@ func TestAccessTimeRelatime(t *testing.T) {
 	// Only alone.
 	r := h.Do(ft.SetAttr(ft.Path("/f"), &pb.SetAttrCmd{Valid: uint32(pb.SetAttrBit_SET_ATIME_READ | pb.SetAttrBit_SET_MODE)}))
 	require.Equal(t, syscall.EINVAL, errnoOf(r))
+}
+
+// TestSpecialFiles: FIFOs, sockets and devices are inodes of the tree
+// with their type and device number, linked, renamed and removed like
+// files, kept by snapshots; the cluster never opens, reads or writes them.
+func TestSpecialFiles(t *testing.T) {
+	cases := []struct {
+		name string
+		mode uint32
+		rdev uint64
+	}{
+		{"fifo", syscall.S_IFIFO | 0o640, 0},
+		{"sock", syscall.S_IFSOCK | 0o755, 0},
+		{"chr", syscall.S_IFCHR | 0o600, 0x0103}, // /dev/null's 1:3
+		{"blk", syscall.S_IFBLK | 0o660, 0x0800}, // 8:0
+		{"reg", 0o644, 0},
+	}
+	h := ft.New(t, fsm.Config{})
+	h.OpenSession(60_000)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := "/" + tc.name
+			a := h.Must(ft.Mknod(p, tc.mode, tc.rdev)).GetAttr()
+			want := tc.mode
+			if want&syscall.S_IFMT == 0 {
+				want |= syscall.S_IFREG
+			}
+			require.Equal(t, want, a.GetMode())
+			require.Equal(t, tc.rdev, a.GetRdev())
+			require.Zero(t, a.GetSize())
+			require.Equal(t, syscall.EEXIST, errnoOf(h.Do(ft.Mknod(p, tc.mode, tc.rdev))))
+
+			h.Must(ft.Link(p, p+".link"))
+			h.Must(ft.Rename(p+".link", p+".moved"))
+			st := h.MustQ(ft.Stat(p + ".moved")).GetAttr()
+			require.Equal(t, want, st.GetMode())
+			require.Equal(t, tc.rdev, st.GetRdev())
+			require.EqualValues(t, 2, st.GetNlink())
+			h.Must(ft.Unlink(p + ".moved"))
+
+			if want&syscall.S_IFMT != syscall.S_IFREG {
+				require.Equal(t, syscall.ENXIO, errnoOf(h.Do(h.Sess(ft.Open(p, ft.ORdwr, 0)))))
+				require.Equal(t, syscall.EINVAL, errnoOf(h.Do(ft.Write(p, 0, []byte("x")))))
+				require.Equal(t, syscall.EINVAL, errnoOf(h.Do(ft.Truncate(p, 0))))
+			}
+		})
+	}
+	require.Equal(t, syscall.EINVAL, errnoOf(h.Do(ft.Mknod("/bad", 0o170000|0o644, 0))))
+	require.Equal(t, syscall.EINVAL, errnoOf(h.Do(ft.Mknod("/dir", syscall.S_IFDIR|0o755, 0))))
+
+	var buf bytes.Buffer
+	_, err := h.F.Snapshot().WriteTo(&buf)
+	require.NoError(t, err)
+	g, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	require.NoError(t, g.Restore(bytes.NewReader(buf.Bytes())))
+	st := g.Query(ft.Stat("/chr")).GetAttr()
+	require.EqualValues(t, syscall.S_IFCHR|0o600, st.GetMode())
+	require.EqualValues(t, 0x0103, st.GetRdev())
 }

@@ -85,7 +85,7 @@ func (s *state) read(x *pb.ReadQuery) (*pb.Result, error) {
 	case n.isDir():
 		return nil, errf(syscall.EISDIR, "read inode %d", n.ino)
 	case !n.isReg():
-		return nil, errf(syscall.EINVAL, "read symlink inode %d", n.ino)
+		return nil, errf(syscall.EINVAL, "read non-regular inode %d", n.ino)
 	}
 	data, eof := s.readData(n, uint64(x.Offset), uint64(x.Length))
 	return &pb.Result{Data: data, Eof: eof, Attr: n.attr()}, nil

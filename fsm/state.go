@@ -18,6 +18,10 @@ const (
 	modeDir  = 0o040000
 	modeReg  = 0o100000
 	modeLnk  = 0o120000
+	modeFifo = 0o010000
+	modeSock = 0o140000
+	modeChr  = 0o020000
+	modeBlk  = 0o060000
 	modePerm = 0o7777
 )
 
@@ -47,7 +51,7 @@ var be = binary.BigEndian
 type inode struct {
 	ino    uint64
 	gen    uint64 // log index at creation
-	size   uint64 // regular files: logical size; symlinks: target length
+	size   uint64 // regular files: logical size; symlinks: target length; devices: rdev
 	stored uint64 // bytes held in stored chunks (Attr.blocks)
 	parent uint64 // directories: the directory holding this one
 	atime  int64
@@ -77,6 +81,22 @@ func (n *inode) isDir() bool { return n.mode&modeType == modeDir }
 func (n *inode) isReg() bool { return n.mode&modeType == modeReg }
 func (n *inode) isLnk() bool { return n.mode&modeType == modeLnk }
 
+// isSpecial: a FIFO, socket or device, which holds no data in the cluster.
+func (n *inode) isSpecial() bool { return specialType(n.mode) }
+
+func (n *inode) isDev() bool {
+	t := n.mode & modeType
+	return t == modeChr || t == modeBlk
+}
+
+func specialType(mode uint32) bool {
+	switch mode & modeType {
+	case modeFifo, modeSock, modeChr, modeBlk:
+		return true
+	}
+	return false
+}
+
 func (n *inode) target() string {
 	if n.ext == nil {
 		return ""
@@ -92,12 +112,16 @@ func (n *inode) xattrs() []xattr {
 }
 
 func (n *inode) attr() *pb.Attr {
-	return &pb.Attr{
+	a := &pb.Attr{
 		Ino: n.ino, Mode: n.mode, Nlink: n.nlink, Uid: n.uid, Gid: n.gid,
 		Size: n.size, AtimeNs: n.atime, MtimeNs: n.mtime, CtimeNs: n.ctime,
 		Generation: n.gen, Blocks: (n.stored + 511) / 512,
 		Xattrs: proto.Uint32(uint32(len(n.xattrs()))),
 	}
+	if n.isDev() {
+		a.Size, a.Rdev = 0, n.size
+	}
+	return a
 }
 
 // dent is a directory entry's value; stored inline in the tree's leaf.

@@ -70,9 +70,11 @@ func checkInode(s *state, n *inode) error {
 	switch {
 	case n.ino == 0 || n.ino >= s.nextIno:
 		return badSnap("inode number %d (next %d)", n.ino, s.nextIno)
-	case !n.isDir() && !n.isReg() && !n.isLnk():
+	case !n.isDir() && !n.isReg() && !n.isLnk() && !n.isSpecial():
 		return badSnap("inode %d: mode %#o", n.ino, n.mode)
-	case n.size > maxFileSize:
+	case n.size > maxFileSize && !n.isDev():
+		return badSnap("inode %d: size %d", n.ino, n.size)
+	case n.isSpecial() && (n.stored != 0 || !n.isDev() && n.size != 0 || n.size > 0xffffffff):
 		return badSnap("inode %d: size %d", n.ino, n.size)
 	case n.isLnk() && (n.target() == "" || len(n.target()) > maxPathLen || uint64(len(n.target())) != n.size):
 		return badSnap("symlink %d: target of %d bytes, size %d", n.ino, len(n.target()), n.size)

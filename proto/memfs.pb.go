@@ -167,7 +167,9 @@ type Attr struct {
 	// xattrs is how many extended attributes the inode has (absent from a
 	// node that predates the field), so that a mount told "none" can answer
 	// getxattr and listxattr without asking.
-	Xattrs        *uint32 `protobuf:"varint,12,opt,name=xattrs,proto3,oneof" json:"xattrs,omitempty"`
+	Xattrs *uint32 `protobuf:"varint,12,opt,name=xattrs,proto3,oneof" json:"xattrs,omitempty"`
+	// rdev is a character or block device's device number (Linux encoding).
+	Rdev          uint64 `protobuf:"varint,13,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +284,13 @@ func (x *Attr) GetBlocks() uint64 {
 func (x *Attr) GetXattrs() uint32 {
 	if x != nil && x.Xattrs != nil {
 		return *x.Xattrs
+	}
+	return 0
+}
+
+func (x *Attr) GetRdev() uint64 {
+	if x != nil {
+		return x.Rdev
 	}
 	return 0
 }
@@ -1145,6 +1154,86 @@ func (x *SetAttrCmd) GetHandle() uint64 {
 	return 0
 }
 
+// MknodCmd makes a FIFO, a Unix socket, a character or a block device
+// (mode carries the type bits and the permissions; rdev the device number
+// of a device), or a regular file. Opening a special file is the business
+// of a mount's kernel: the cluster holds its name, type and attributes.
+type MknodCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
+	Mode          uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Rdev          uint64                 `protobuf:"varint,3,opt,name=rdev,proto3" json:"rdev,omitempty"`
+	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MknodCmd) Reset() {
+	*x = MknodCmd{}
+	mi := &file_memfs_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MknodCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MknodCmd) ProtoMessage() {}
+
+func (x *MknodCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MknodCmd.ProtoReflect.Descriptor instead.
+func (*MknodCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *MknodCmd) GetLoc() *Loc {
+	if x != nil {
+		return x.Loc
+	}
+	return nil
+}
+
+func (x *MknodCmd) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *MknodCmd) GetRdev() uint64 {
+	if x != nil {
+		return x.Rdev
+	}
+	return 0
+}
+
+func (x *MknodCmd) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *MknodCmd) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 type SymlinkCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -1157,7 +1246,7 @@ type SymlinkCmd struct {
 
 func (x *SymlinkCmd) Reset() {
 	*x = SymlinkCmd{}
-	mi := &file_memfs_proto_msgTypes[11]
+	mi := &file_memfs_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1258,7 @@ func (x *SymlinkCmd) String() string {
 func (*SymlinkCmd) ProtoMessage() {}
 
 func (x *SymlinkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[11]
+	mi := &file_memfs_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1271,7 @@ func (x *SymlinkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkCmd.ProtoReflect.Descriptor instead.
 func (*SymlinkCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{11}
+	return file_memfs_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SymlinkCmd) GetLoc() *Loc {
@@ -1223,7 +1312,7 @@ type LinkCmd struct {
 
 func (x *LinkCmd) Reset() {
 	*x = LinkCmd{}
-	mi := &file_memfs_proto_msgTypes[12]
+	mi := &file_memfs_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1324,7 @@ func (x *LinkCmd) String() string {
 func (*LinkCmd) ProtoMessage() {}
 
 func (x *LinkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[12]
+	mi := &file_memfs_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1337,7 @@ func (x *LinkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkCmd.ProtoReflect.Descriptor instead.
 func (*LinkCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{12}
+	return file_memfs_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LinkCmd) GetSrc() *Loc {
@@ -1278,7 +1367,7 @@ type SetXattrCmd struct {
 
 func (x *SetXattrCmd) Reset() {
 	*x = SetXattrCmd{}
-	mi := &file_memfs_proto_msgTypes[13]
+	mi := &file_memfs_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1379,7 @@ func (x *SetXattrCmd) String() string {
 func (*SetXattrCmd) ProtoMessage() {}
 
 func (x *SetXattrCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[13]
+	mi := &file_memfs_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1392,7 @@ func (x *SetXattrCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetXattrCmd.ProtoReflect.Descriptor instead.
 func (*SetXattrCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{13}
+	return file_memfs_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetXattrCmd) GetLoc() *Loc {
@@ -1344,7 +1433,7 @@ type RemoveXattrCmd struct {
 
 func (x *RemoveXattrCmd) Reset() {
 	*x = RemoveXattrCmd{}
-	mi := &file_memfs_proto_msgTypes[14]
+	mi := &file_memfs_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1445,7 @@ func (x *RemoveXattrCmd) String() string {
 func (*RemoveXattrCmd) ProtoMessage() {}
 
 func (x *RemoveXattrCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[14]
+	mi := &file_memfs_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1458,7 @@ func (x *RemoveXattrCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveXattrCmd.ProtoReflect.Descriptor instead.
 func (*RemoveXattrCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{14}
+	return file_memfs_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveXattrCmd) GetLoc() *Loc {
@@ -1399,7 +1488,7 @@ type CloneCmd struct {
 
 func (x *CloneCmd) Reset() {
 	*x = CloneCmd{}
-	mi := &file_memfs_proto_msgTypes[15]
+	mi := &file_memfs_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1500,7 @@ func (x *CloneCmd) String() string {
 func (*CloneCmd) ProtoMessage() {}
 
 func (x *CloneCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[15]
+	mi := &file_memfs_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1513,7 @@ func (x *CloneCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneCmd.ProtoReflect.Descriptor instead.
 func (*CloneCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{15}
+	return file_memfs_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CloneCmd) GetSrc() *Loc {
@@ -1458,7 +1547,7 @@ type OpenSessionCmd struct {
 
 func (x *OpenSessionCmd) Reset() {
 	*x = OpenSessionCmd{}
-	mi := &file_memfs_proto_msgTypes[16]
+	mi := &file_memfs_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1559,7 @@ func (x *OpenSessionCmd) String() string {
 func (*OpenSessionCmd) ProtoMessage() {}
 
 func (x *OpenSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[16]
+	mi := &file_memfs_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1572,7 @@ func (x *OpenSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionCmd.ProtoReflect.Descriptor instead.
 func (*OpenSessionCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{16}
+	return file_memfs_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OpenSessionCmd) GetLeaseMs() int64 {
@@ -1508,7 +1597,7 @@ type KeepAliveCmd struct {
 
 func (x *KeepAliveCmd) Reset() {
 	*x = KeepAliveCmd{}
-	mi := &file_memfs_proto_msgTypes[17]
+	mi := &file_memfs_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1609,7 @@ func (x *KeepAliveCmd) String() string {
 func (*KeepAliveCmd) ProtoMessage() {}
 
 func (x *KeepAliveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[17]
+	mi := &file_memfs_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1622,7 @@ func (x *KeepAliveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveCmd.ProtoReflect.Descriptor instead.
 func (*KeepAliveCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{17}
+	return file_memfs_proto_rawDescGZIP(), []int{18}
 }
 
 type CloseSessionCmd struct {
@@ -1544,7 +1633,7 @@ type CloseSessionCmd struct {
 
 func (x *CloseSessionCmd) Reset() {
 	*x = CloseSessionCmd{}
-	mi := &file_memfs_proto_msgTypes[18]
+	mi := &file_memfs_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1645,7 @@ func (x *CloseSessionCmd) String() string {
 func (*CloseSessionCmd) ProtoMessage() {}
 
 func (x *CloseSessionCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[18]
+	mi := &file_memfs_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1658,7 @@ func (x *CloseSessionCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionCmd.ProtoReflect.Descriptor instead.
 func (*CloseSessionCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{18}
+	return file_memfs_proto_rawDescGZIP(), []int{19}
 }
 
 // TickCmd carries nothing: the leader appends it so that leases expire on
@@ -1582,7 +1671,7 @@ type TickCmd struct {
 
 func (x *TickCmd) Reset() {
 	*x = TickCmd{}
-	mi := &file_memfs_proto_msgTypes[19]
+	mi := &file_memfs_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1683,7 @@ func (x *TickCmd) String() string {
 func (*TickCmd) ProtoMessage() {}
 
 func (x *TickCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[19]
+	mi := &file_memfs_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1696,7 @@ func (x *TickCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TickCmd.ProtoReflect.Descriptor instead.
 func (*TickCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{19}
+	return file_memfs_proto_rawDescGZIP(), []int{20}
 }
 
 // GrantCmd asks for shared capabilities on inodes for the command's session
@@ -1632,7 +1721,7 @@ type GrantCmd struct {
 
 func (x *GrantCmd) Reset() {
 	*x = GrantCmd{}
-	mi := &file_memfs_proto_msgTypes[20]
+	mi := &file_memfs_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1733,7 @@ func (x *GrantCmd) String() string {
 func (*GrantCmd) ProtoMessage() {}
 
 func (x *GrantCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[20]
+	mi := &file_memfs_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1746,7 @@ func (x *GrantCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantCmd.ProtoReflect.Descriptor instead.
 func (*GrantCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{20}
+	return file_memfs_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GrantCmd) GetInos() []uint64 {
@@ -1692,7 +1781,7 @@ type CapRef struct {
 
 func (x *CapRef) Reset() {
 	*x = CapRef{}
-	mi := &file_memfs_proto_msgTypes[21]
+	mi := &file_memfs_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1793,7 @@ func (x *CapRef) String() string {
 func (*CapRef) ProtoMessage() {}
 
 func (x *CapRef) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[21]
+	mi := &file_memfs_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1806,7 @@ func (x *CapRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapRef.ProtoReflect.Descriptor instead.
 func (*CapRef) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{21}
+	return file_memfs_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CapRef) GetIno() uint64 {
@@ -1745,7 +1834,7 @@ type ReleaseCmd struct {
 
 func (x *ReleaseCmd) Reset() {
 	*x = ReleaseCmd{}
-	mi := &file_memfs_proto_msgTypes[22]
+	mi := &file_memfs_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1846,7 @@ func (x *ReleaseCmd) String() string {
 func (*ReleaseCmd) ProtoMessage() {}
 
 func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[22]
+	mi := &file_memfs_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1859,7 @@ func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{22}
+	return file_memfs_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseCmd) GetCaps() []*CapRef {
@@ -1805,6 +1894,7 @@ type Command struct {
 	//	*Command_Clone
 	//	*Command_Grant
 	//	*Command_Release
+	//	*Command_Mknod
 	//	*Command_OpenSession
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
@@ -1816,7 +1906,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[23]
+	mi := &file_memfs_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +1918,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[23]
+	mi := &file_memfs_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +1931,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{23}
+	return file_memfs_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -1998,6 +2088,15 @@ func (x *Command) GetRelease() *ReleaseCmd {
 	return nil
 }
 
+func (x *Command) GetMknod() *MknodCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Mknod); ok {
+			return x.Mknod
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetOpenSession() *OpenSessionCmd {
 	if x != nil {
 		if x, ok := x.Op.(*Command_OpenSession); ok {
@@ -2094,6 +2193,10 @@ type Command_Release struct {
 	Release *ReleaseCmd `protobuf:"bytes,23,opt,name=release,proto3,oneof"`
 }
 
+type Command_Mknod struct {
+	Mknod *MknodCmd `protobuf:"bytes,24,opt,name=mknod,proto3,oneof"`
+}
+
 type Command_OpenSession struct {
 	OpenSession *OpenSessionCmd `protobuf:"bytes,30,opt,name=open_session,json=openSession,proto3,oneof"`
 }
@@ -2138,6 +2241,8 @@ func (*Command_Grant) isCommand_Op() {}
 
 func (*Command_Release) isCommand_Op() {}
 
+func (*Command_Mknod) isCommand_Op() {}
+
 func (*Command_OpenSession) isCommand_Op() {}
 
 func (*Command_KeepAlive) isCommand_Op() {}
@@ -2166,7 +2271,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2283,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2296,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{24}
+	return file_memfs_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2259,7 +2364,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2376,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2389,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{25}
+	return file_memfs_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -2436,7 +2541,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2553,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2566,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{26}
+	return file_memfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -2483,7 +2588,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2600,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2613,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -2551,7 +2656,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2668,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2681,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -2616,7 +2721,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2733,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2746,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -2661,7 +2766,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2778,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2791,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -2712,7 +2817,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2829,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2842,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -2755,7 +2860,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2872,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2885,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -2797,7 +2902,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2809,7 +2914,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2822,7 +2927,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -2855,7 +2960,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2972,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2985,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -2903,7 +3008,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3020,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3033,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -2979,7 +3084,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2991,7 +3096,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3004,7 +3109,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -3165,7 +3270,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3282,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3295,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -3217,7 +3322,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3334,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3347,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -3270,7 +3375,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3387,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3400,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -3329,7 +3434,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3446,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3459,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -3386,7 +3491,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3503,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3516,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -3445,7 +3550,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3457,7 +3562,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3470,7 +3575,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -3534,7 +3639,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3651,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3664,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -3768,7 +3873,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3780,7 +3885,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3793,7 +3898,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -3831,7 +3936,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3843,7 +3948,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3856,7 +3961,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3963,7 +4068,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3975,7 +4080,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3988,7 +4093,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -4034,7 +4139,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4046,7 +4151,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4059,7 +4164,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 type RemoveNodeRequest struct {
@@ -4072,7 +4177,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4189,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4202,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -4122,7 +4227,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4134,7 +4239,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4147,7 +4252,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -4162,7 +4267,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4279,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +4292,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -4214,7 +4319,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4331,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4344,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -4259,7 +4364,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4376,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4389,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -4317,7 +4422,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4434,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4447,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -4389,7 +4494,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4506,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4519,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -4440,7 +4545,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4452,7 +4557,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4465,7 +4570,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4511,7 +4616,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4523,7 +4628,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4536,7 +4641,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -4571,7 +4676,7 @@ var File_memfs_proto protoreflect.FileDescriptor
 
 const file_memfs_proto_rawDesc = "" +
 	"\n" +
-	"\vmemfs.proto\x12\bmemfs.v1\"\xab\x02\n" +
+	"\vmemfs.proto\x12\bmemfs.v1\"\xbf\x02\n" +
 	"\x04Attr\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
@@ -4587,7 +4692,8 @@ const file_memfs_proto_rawDesc = "" +
 	" \x01(\x04R\n" +
 	"generation\x12\x16\n" +
 	"\x06blocks\x18\v \x01(\x04R\x06blocks\x12\x1b\n" +
-	"\x06xattrs\x18\f \x01(\rH\x00R\x06xattrs\x88\x01\x01B\t\n" +
+	"\x06xattrs\x18\f \x01(\rH\x00R\x06xattrs\x88\x01\x01\x12\x12\n" +
+	"\x04rdev\x18\r \x01(\x04R\x04rdevB\t\n" +
 	"\a_xattrs\"s\n" +
 	"\x03Loc\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
@@ -4663,7 +4769,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x19\n" +
 	"\batime_ns\x18\a \x01(\x03R\aatimeNs\x12\x19\n" +
 	"\bmtime_ns\x18\b \x01(\x03R\amtimeNs\x12\x16\n" +
-	"\x06handle\x18\t \x01(\x04R\x06handle\"i\n" +
+	"\x06handle\x18\t \x01(\x04R\x06handle\"w\n" +
+	"\bMknodCmd\x12\x1f\n" +
+	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04rdev\x18\x03 \x01(\x04R\x04rdev\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\"i\n" +
 	"\n" +
 	"SymlinkCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
@@ -4700,7 +4812,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"2\n" +
 	"\n" +
 	"ReleaseCmd\x12$\n" +
-	"\x04caps\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x04caps\"\xc8\a\n" +
+	"\x04caps\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x04caps\"\xf4\a\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -4719,7 +4831,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\fremove_xattr\x18\x14 \x01(\v2\x18.memfs.v1.RemoveXattrCmdH\x00R\vremoveXattr\x12*\n" +
 	"\x05clone\x18\x15 \x01(\v2\x12.memfs.v1.CloneCmdH\x00R\x05clone\x12*\n" +
 	"\x05grant\x18\x16 \x01(\v2\x12.memfs.v1.GrantCmdH\x00R\x05grant\x120\n" +
-	"\arelease\x18\x17 \x01(\v2\x14.memfs.v1.ReleaseCmdH\x00R\arelease\x12=\n" +
+	"\arelease\x18\x17 \x01(\v2\x14.memfs.v1.ReleaseCmdH\x00R\arelease\x12*\n" +
+	"\x05mknod\x18\x18 \x01(\v2\x12.memfs.v1.MknodCmdH\x00R\x05mknod\x12=\n" +
 	"\fopen_session\x18\x1e \x01(\v2\x18.memfs.v1.OpenSessionCmdH\x00R\vopenSession\x127\n" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
@@ -4951,7 +5064,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(Consistency)(0),              // 1: memfs.v1.Consistency
@@ -4966,52 +5079,53 @@ var file_memfs_proto_goTypes = []any{
 	(*RemoveCmd)(nil),             // 10: memfs.v1.RemoveCmd
 	(*RenameCmd)(nil),             // 11: memfs.v1.RenameCmd
 	(*SetAttrCmd)(nil),            // 12: memfs.v1.SetAttrCmd
-	(*SymlinkCmd)(nil),            // 13: memfs.v1.SymlinkCmd
-	(*LinkCmd)(nil),               // 14: memfs.v1.LinkCmd
-	(*SetXattrCmd)(nil),           // 15: memfs.v1.SetXattrCmd
-	(*RemoveXattrCmd)(nil),        // 16: memfs.v1.RemoveXattrCmd
-	(*CloneCmd)(nil),              // 17: memfs.v1.CloneCmd
-	(*OpenSessionCmd)(nil),        // 18: memfs.v1.OpenSessionCmd
-	(*KeepAliveCmd)(nil),          // 19: memfs.v1.KeepAliveCmd
-	(*CloseSessionCmd)(nil),       // 20: memfs.v1.CloseSessionCmd
-	(*TickCmd)(nil),               // 21: memfs.v1.TickCmd
-	(*GrantCmd)(nil),              // 22: memfs.v1.GrantCmd
-	(*CapRef)(nil),                // 23: memfs.v1.CapRef
-	(*ReleaseCmd)(nil),            // 24: memfs.v1.ReleaseCmd
-	(*Command)(nil),               // 25: memfs.v1.Command
-	(*Entry)(nil),                 // 26: memfs.v1.Entry
-	(*Result)(nil),                // 27: memfs.v1.Result
-	(*StatQuery)(nil),             // 28: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 29: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 30: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 31: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 32: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 33: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 34: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 35: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 36: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),             // 37: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 38: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 39: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 40: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 41: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 42: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 43: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 44: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 45: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 46: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 47: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 48: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 49: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 50: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 51: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 52: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 53: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 54: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 55: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 56: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 57: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 58: memfs.v1.Recall
+	(*MknodCmd)(nil),              // 13: memfs.v1.MknodCmd
+	(*SymlinkCmd)(nil),            // 14: memfs.v1.SymlinkCmd
+	(*LinkCmd)(nil),               // 15: memfs.v1.LinkCmd
+	(*SetXattrCmd)(nil),           // 16: memfs.v1.SetXattrCmd
+	(*RemoveXattrCmd)(nil),        // 17: memfs.v1.RemoveXattrCmd
+	(*CloneCmd)(nil),              // 18: memfs.v1.CloneCmd
+	(*OpenSessionCmd)(nil),        // 19: memfs.v1.OpenSessionCmd
+	(*KeepAliveCmd)(nil),          // 20: memfs.v1.KeepAliveCmd
+	(*CloseSessionCmd)(nil),       // 21: memfs.v1.CloseSessionCmd
+	(*TickCmd)(nil),               // 22: memfs.v1.TickCmd
+	(*GrantCmd)(nil),              // 23: memfs.v1.GrantCmd
+	(*CapRef)(nil),                // 24: memfs.v1.CapRef
+	(*ReleaseCmd)(nil),            // 25: memfs.v1.ReleaseCmd
+	(*Command)(nil),               // 26: memfs.v1.Command
+	(*Entry)(nil),                 // 27: memfs.v1.Entry
+	(*Result)(nil),                // 28: memfs.v1.Result
+	(*StatQuery)(nil),             // 29: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 30: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 31: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 32: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 33: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 34: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 35: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 36: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 37: memfs.v1.UsageQuery
+	(*TreeUsage)(nil),             // 38: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 39: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 40: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 41: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 42: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 43: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 44: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 45: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 46: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 47: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 48: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 49: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 50: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 51: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 52: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 53: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 54: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 55: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 56: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 57: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 58: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 59: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
 	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
@@ -5022,89 +5136,91 @@ var file_memfs_proto_depIdxs = []int32{
 	3,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
 	3,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
 	3,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 8: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 9: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	3,  // 10: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 11: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 12: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 13: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	3,  // 14: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	23, // 15: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	6,  // 16: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 17: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 18: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 19: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 20: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 21: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 22: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	13, // 23: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	14, // 24: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	15, // 25: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	16, // 26: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	17, // 27: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	22, // 28: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	24, // 29: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	18, // 30: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	19, // 31: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	20, // 32: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	21, // 33: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	25, // 34: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 35: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 36: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 37: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	37, // 38: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	3,  // 39: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 40: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 41: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 42: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 43: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 44: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 45: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	28, // 46: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	29, // 47: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	30, // 48: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	31, // 49: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	32, // 50: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	33, // 51: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	34, // 52: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	35, // 53: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	36, // 54: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	25, // 55: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	27, // 56: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	38, // 57: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 58: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	27, // 59: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	25, // 60: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	27, // 61: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	45, // 62: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	45, // 63: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 64: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	58, // 65: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	39, // 66: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	41, // 67: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	43, // 68: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	41, // 69: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	46, // 70: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	48, // 71: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	50, // 72: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	52, // 73: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	54, // 74: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	56, // 75: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	40, // 76: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	42, // 77: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	40, // 78: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	44, // 79: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	47, // 80: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	49, // 81: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	51, // 82: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	53, // 83: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	55, // 84: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	57, // 85: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	76, // [76:86] is the sub-list for method output_type
-	66, // [66:76] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	3,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	3,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	3,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	3,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	3,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	24, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	6,  // 17: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	7,  // 18: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	8,  // 19: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	9,  // 20: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	10, // 21: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	11, // 22: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	12, // 23: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	14, // 24: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	15, // 25: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	16, // 26: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	17, // 27: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	18, // 28: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	23, // 29: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	25, // 30: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	13, // 31: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	19, // 32: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	20, // 33: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	21, // 34: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	22, // 35: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	26, // 36: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	2,  // 37: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	4,  // 38: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	5,  // 39: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	38, // 40: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	3,  // 41: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 42: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 43: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 44: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 45: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 46: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 47: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	29, // 48: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	30, // 49: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	31, // 50: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	32, // 51: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	33, // 52: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	34, // 53: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	35, // 54: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	36, // 55: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	37, // 56: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	26, // 57: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	28, // 58: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	39, // 59: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	1,  // 60: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	28, // 61: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	26, // 62: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	28, // 63: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	46, // 64: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	46, // 65: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	4,  // 66: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	59, // 67: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	40, // 68: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	42, // 69: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	44, // 70: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	42, // 71: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	47, // 72: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	49, // 73: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	51, // 74: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	53, // 75: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	55, // 76: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	57, // 77: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	41, // 78: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	43, // 79: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	41, // 80: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	45, // 81: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	48, // 82: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	50, // 83: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	52, // 84: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	54, // 85: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	56, // 86: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	58, // 87: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	78, // [78:88] is the sub-list for method output_type
+	68, // [68:78] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -5113,7 +5229,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[23].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[24].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -5128,12 +5244,13 @@ func file_memfs_proto_init() {
 		(*Command_Clone)(nil),
 		(*Command_Grant)(nil),
 		(*Command_Release)(nil),
+		(*Command_Mknod)(nil),
 		(*Command_OpenSession)(nil),
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
 	}
-	file_memfs_proto_msgTypes[36].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[37].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -5150,7 +5267,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/memoryfs/memfs/client"
 	pb "github.com/memoryfs/memfs/proto"
@@ -85,10 +86,53 @@ func list(out io.Writer, c *client.Client, name string) error {
 				target = " -> " + t
 			}
 		}
-		fmt.Fprintf(out, "%s %3d %5d %5d %10d %s %s%s\n", r.fi.Mode(), a.Nlink, a.Uid, a.Gid,
-			r.fi.Size(), r.fi.ModTime().Format("Jan _2 15:04"), r.name, target)
+		size := fmt.Sprint(r.fi.Size())
+		if r.fi.Mode()&fs.ModeDevice != 0 {
+			size = fmt.Sprintf("%d, %d", unix.Major(a.Rdev), unix.Minor(a.Rdev))
+		}
+		fmt.Fprintf(out, "%s %3d %5d %5d %10s %s %s%s\n", lsMode(r.fi.Mode()), a.Nlink, a.Uid, a.Gid,
+			size, r.fi.ModTime().Format("Jan _2 15:04"), r.name, target)
 	}
 	return nil
+}
+
+// lsMode writes a mode as ls -l does: the type letter, then rwx three
+// times with s, S, t and T for the set-ID and sticky bits.
+func lsMode(m fs.FileMode) string {
+	b := []byte("-rwxrwxrwx")
+	switch {
+	case m.IsDir():
+		b[0] = 'd'
+	case m&fs.ModeSymlink != 0:
+		b[0] = 'l'
+	case m&fs.ModeNamedPipe != 0:
+		b[0] = 'p'
+	case m&fs.ModeSocket != 0:
+		b[0] = 's'
+	case m&fs.ModeCharDevice != 0:
+		b[0] = 'c'
+	case m&fs.ModeDevice != 0:
+		b[0] = 'b'
+	}
+	for i := range 9 {
+		if m&(1<<(8-i)) == 0 {
+			b[1+i] = '-'
+		}
+	}
+	special := func(i int, set bool, on, off byte) {
+		if !set {
+			return
+		}
+		if b[i] == 'x' {
+			b[i] = on
+		} else {
+			b[i] = off
+		}
+	}
+	special(3, m&fs.ModeSetuid != 0, 's', 'S')
+	special(6, m&fs.ModeSetgid != 0, 's', 'S')
+	special(9, m&fs.ModeSticky != 0, 't', 'T')
+	return string(b)
 }
 
 var statCmd = &cobra.Command{
@@ -127,6 +171,14 @@ func kind(m fs.FileMode) string {
 		return "symbolic link"
 	case m.IsRegular():
 		return "regular file"
+	case m&fs.ModeNamedPipe != 0:
+		return "fifo"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character special file"
+	case m&fs.ModeDevice != 0:
+		return "block special file"
 	}
 	return "other"
 }

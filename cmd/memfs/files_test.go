@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -176,4 +177,25 @@ func TestCloneAndDu(t *testing.T) {
 	_, errOut, code = m.run("", "clone", "/nope", "/x")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "no such file or directory")
+}
+
+func TestLsMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode fs.FileMode
+		want string
+	}{
+		{0o644, "-rw-r--r--"},
+		{fs.ModeDir | 0o755 | fs.ModeSetgid, "drwxr-sr-x"},
+		{fs.ModeDir | 0o777 | fs.ModeSticky, "drwxrwxrwt"},
+		{fs.ModeSymlink | 0o777, "lrwxrwxrwx"},
+		{fs.ModeNamedPipe | 0o640, "prw-r-----"},
+		{fs.ModeSocket | 0o755, "srwxr-xr-x"},
+		{fs.ModeDevice | fs.ModeCharDevice | 0o666, "crw-rw-rw-"},
+		{fs.ModeDevice | 0o660, "brw-rw----"},
+		{0o4644 | fs.ModeSetuid, "-rwSr--r--"},
+		{fs.ModeSetuid | fs.ModeSetgid | 0o755, "-rwsr-sr-x"},
+		{fs.ModeDir | 0o666 | fs.ModeSticky, "drw-rw-rwT"},
+	} {
+		require.Equal(t, tc.want, lsMode(tc.mode), "%v", tc.mode)
+	}
 }

@@ -220,6 +220,11 @@ func Grant(entries bool, inos ...uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, WithEntries: entries}}}
 }
 
+// Mknod makes a special file (or a regular one) at p.
+func Mknod(p string, mode uint32, rdev uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Mknod{Mknod: &pb.MknodCmd{Loc: Path(p), Mode: mode, Rdev: rdev}}}
+}
+
 // GrantExcl asks for exclusive capabilities on inos.
 func GrantExcl(inos ...uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: inos, Exclusive: true}}}
