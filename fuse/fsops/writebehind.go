@@ -186,40 +186,46 @@ func (o *ClientOps) barrier(ino uint64) {
 // collect takes a write into f's buffer if it continues it, sending the
 // buffer when full. It reports false when the write must go on its own
 // (synchronously), after everything before it has been committed.
+//
+// Writes of one handle may arrive concurrently (the kernel sends the
+// pieces of an O_DIRECT write, or a writeback cache's pages, all at once):
+// between sending the old buffer and starting a new one another write may
+// have started one, which must then be sent too, never replaced.
 func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
 	if f.append || o.opt.SyncWrites {
 		return false
 	}
-	f.mu.Lock()
-	if len(f.buf) > 0 && off == f.bufOff+int64(len(f.buf)) && len(f.buf)+len(data) <= writeBuf {
-		f.buf = append(f.buf, data...)
-		f.pending.Add(int64(len(data)))
-		full := len(f.buf) == writeBuf
-		f.mu.Unlock()
-		if full {
-			o.sendBuffered(f)
-		}
-		return true
-	}
-	f.mu.Unlock()
-	o.sendBuffered(f)
 	if len(data) > writeBuf {
+		o.sendBuffered(f)
 		// Written synchronously: nothing in flight may land on it later.
 		f.waitInflight()
 		return false
 	}
-	f.mu.Lock()
-	f.buf = append(make([]byte, 0, writeBuf), data...)
-	f.bufOff = off
-	f.pending.Add(int64(len(data)))
-	full := len(f.buf) == writeBuf
-	f.mu.Unlock()
-	if full {
-		// A whole buffer in one request (go-fuse sends up to 1 MiB):
-		// committed in the background like one filled piece by piece.
-		o.sendBuffered(f)
+	for {
+		f.mu.Lock()
+		continues := len(f.buf) > 0 && off == f.bufOff+int64(len(f.buf)) && len(f.buf)+len(data) <= writeBuf
+		switch {
+		case continues:
+			f.buf = append(f.buf, data...)
+		case len(f.buf) == 0:
+			f.buf = append(make([]byte, 0, writeBuf), data...)
+			f.bufOff = off
+		default:
+			f.mu.Unlock()
+			o.sendBuffered(f)
+			continue
+		}
+		f.pending.Add(int64(len(data)))
+		full := len(f.buf) == writeBuf
+		f.mu.Unlock()
+		if full {
+			// A whole buffer in one request (go-fuse sends up to 1 MiB)
+			// is committed in the background like one filled piece by
+			// piece.
+			o.sendBuffered(f)
+		}
+		return true
 	}
-	return true
 }
 
 // sendBuffered starts committing f's buffer, waiting for a free slot.
