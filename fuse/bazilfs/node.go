@@ -278,7 +278,13 @@ func (h *fileHandle) Release(ctx context.Context, _ *fuse.ReleaseRequest) error 
 }
 
 // dirHandle is one open directory. bazil reads the whole listing when the
-// offset is 0 and serves later offsets from it.
+// offset is 0 (opendir, rewinddir) and serves later offsets from it; its
+// offsets are byte positions in that listing, which bazil does not let a
+// file system choose (a READDIR without ReadDirAll is answered empty). So
+// an offset from telldir is valid in the listing it came from only: after
+// a rewinddir and changes to the directory, seekdir to it may land on
+// another entry, which the go-fuse binding's offsets (fsops.DirStream)
+// do not.
 type dirHandle struct {
 	fs  *FS
 	ino uint64

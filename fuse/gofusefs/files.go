@@ -75,11 +75,10 @@ func (f *FS) Fallocate(<-chan struct{}, *fuse.FallocateIn) fuse.Status {
 	return fuse.Status(syscall.EOPNOTSUPP)
 }
 
-// dirHandle is one open directory: its listing, read at offset 0 (opendir
-// or rewinddir) and served from there.
+// dirHandle is one open directory: the stream the kernel reads, whose
+// offsets stay valid across changes (fsops.DirStream).
 type dirHandle struct {
-	mu   sync.Mutex
-	ents []fsops.DirEntry // guarded by mu
+	stream fsops.DirStream
 }
 
 // dirTable maps the kernel's directory handles to listings.
@@ -116,8 +115,7 @@ func (f *FS) OpenDir(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) fuse.
 	return fuse.OK
 }
 
-// ReadDir implements fuse.RawFileSystem. Offsets are positions in the
-// listing, which is read again at offset 0.
+// ReadDir implements fuse.RawFileSystem.
 func (f *FS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	return f.readDir(in, out, false)
 }
@@ -136,37 +134,25 @@ func (f *FS) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.St
 	if d == nil {
 		return fuse.EBADF
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if in.Offset == 0 || d.ents == nil {
-		list := f.ops.ReadDir
-		if plus {
-			list = f.ops.ReadDirPlus
-		}
-		ents, e := list(ctx(), in.NodeId)
-		if e != 0 {
-			return status(e)
-		}
-		d.ents = ents
+	list := func() ([]fsops.DirEntry, syscall.Errno) { return f.ops.ReadDir(ctx(), in.NodeId) }
+	if plus {
+		list = func() ([]fsops.DirEntry, syscall.Errno) { return f.ops.ReadDirPlus(ctx(), in.NodeId) }
 	}
-	for i := in.Offset; i < uint64(len(d.ents)); i++ {
-		de := d.ents[i]
-		e := fuse.DirEntry{Name: de.Name, Ino: de.Ino, Mode: de.Mode, Off: i + 1}
+	e := d.stream.Read(in.Offset, list, func(de fsops.DirEntry, off uint64) bool {
+		e := fuse.DirEntry{Name: de.Name, Ino: de.Ino, Mode: de.Mode, Off: off}
 		if !plus {
-			if !out.AddDirEntry(e) {
-				break
-			}
-			continue
+			return out.AddDirEntry(e)
 		}
 		eo := out.AddDirLookupEntry(e)
 		if eo == nil {
-			break
+			return false
 		}
 		if de.Attr != nil && de.Name != "." && de.Name != ".." {
 			f.entry(eo, *de.Attr) // the kernel counts it as a lookup
 		}
-	}
-	return fuse.OK
+		return true
+	})
+	return status(e)
 }
 
 // ReleaseDir implements fuse.RawFileSystem.
