@@ -1,7 +1,10 @@
 package posixtest
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -59,6 +62,8 @@ var Cases = map[string]Case{
 	"overwrite_tails": overwriteTails,
 	"setgid_dir":      setgidDir,
 	"rename_over":     renameOver,
+	"rewinddir":       rewinddirCase,
+	"seekdir":         seekdirCase,
 }
 
 func files(r *Rec) {
@@ -508,4 +513,149 @@ func renameOver(r *Rec) {
 	r.Close("ro")
 	r.Close("rw")
 	r.Stat("old")
+}
+
+// dirent is one getdents64 record: its name and offset (d_off).
+type dirent struct {
+	name string
+	off  int64
+}
+
+// getdents reads directory fd from its offset to the end with a buffer of
+// size bytes, or only one buffer's worth when once is set.
+func getdents(fd, size int, once bool) ([]dirent, error) {
+	var out []dirent
+	buf := make([]byte, size)
+	for {
+		n, err := syscall.Getdents(fd, buf)
+		if err != nil || n == 0 {
+			return out, err
+		}
+		for p := 0; p < n; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16,
+			// type u8, name NUL-terminated.
+			b := buf[p:n]
+			reclen := int(binary.LittleEndian.Uint16(b[16:]))
+			nm, _, _ := strings.Cut(string(b[19:reclen]), "\x00")
+			out = append(out, dirent{name: nm, off: int64(binary.LittleEndian.Uint64(b[8:]))})
+			p += reclen
+		}
+		if once {
+			return out, nil
+		}
+	}
+}
+
+// sortedNames renders a listing as the set it is (orders differ between
+// file systems).
+func sortedNames(ds []dirent) string {
+	var ns []string
+	for _, d := range ds {
+		ns = append(ns, d.name)
+	}
+	slices.Sort(ns)
+	return strings.Join(ns, " ")
+}
+
+// rewinddirCase: rewinddir (lseek to 0) after the directory changed
+// lists it as it is now.
+func rewinddirCase(r *Rec) {
+	r.Mkdir("d", 0o755)
+	for i := 0; i < 12; i++ {
+		r.WriteFile("d/f"+itoa(i), nil, 0o644)
+	}
+	fd, err := syscall.Open(filepath.Join(r.Dir, "d"), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		r.Note("open d: %s", errName(err))
+		return
+	}
+	defer syscall.Close(fd)
+	ds, err := getdents(fd, 4096, false)
+	r.rec("listing", iff(err == nil, func() string { return sortedNames(ds) }), err)
+	r.WriteFile("d/new", nil, 0o644)
+	r.Unlink("d/f3")
+	r.Rename("d/f4", "d/moved")
+	r.Mkdir("d/sub", 0o755)
+	_, err = syscall.Seek(fd, 0, 0)
+	r.rec("rewinddir", "", err)
+	ds, err = getdents(fd, 4096, false)
+	r.rec("listing after rewinddir", iff(err == nil, func() string { return sortedNames(ds) }), err)
+	// Partly read, changed, rewound.
+	_, _ = syscall.Seek(fd, 0, 0)
+	_, err = getdents(fd, 128, true)
+	r.rec("partial read", "", err)
+	r.Unlink("d/new")
+	r.WriteFile("d/newer", nil, 0o644)
+	_, err = syscall.Seek(fd, 0, 0)
+	r.rec("rewinddir", "", err)
+	ds, err = getdents(fd, 4096, false)
+	r.rec("listing after rewinddir", iff(err == nil, func() string { return sortedNames(ds) }), err)
+}
+
+// seekdirCase: seekdir to an offset telldir returned continues the
+// listing after the same entry, after entries were added and removed
+// meanwhile: every entry that did not change and followed the offset
+// comes again once, none that preceded it does.
+func seekdirCase(r *Rec) {
+	r.Mkdir("d", 0o755)
+	for i := 0; i < 30; i++ {
+		r.WriteFile("d/f"+itoa(i), nil, 0o644)
+	}
+	fd, err := syscall.Open(filepath.Join(r.Dir, "d"), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		r.Note("open d: %s", errName(err))
+		return
+	}
+	defer syscall.Close(fd)
+	first, err := getdents(fd, 256, true)
+	if err != nil || len(first) < 4 {
+		r.Note("first batch: %d entries, %v", len(first), err)
+		return
+	}
+	pos := first[len(first)-1].off // telldir
+	rest, err := getdents(fd, 4096, false)
+	r.rec("whole listing", iff(err == nil, func() string { return itoa(len(first)+len(rest)) + " entries" }), err)
+	changed := map[string]bool{"new1": true, "new2": true}
+	for _, ds := range [][]dirent{first, rest} {
+		for _, d := range ds[len(ds)-3:] {
+			if d.name != "." && d.name != ".." && !changed[d.name] {
+				changed[d.name] = true
+				_ = syscall.Unlink(filepath.Join(r.Dir, "d", d.name))
+				break
+			}
+		}
+	}
+	r.WriteFile("d/new1", nil, 0o644)
+	r.WriteFile("d/new2", nil, 0o644)
+	got, err := syscall.Seek(fd, pos, 0)
+	r.rec("seekdir", iff(err == nil, func() string { return "at telldir's offset: " + boolStr(got == pos) }), err)
+	again, err := getdents(fd, 4096, false)
+	if err != nil {
+		r.rec("listing after seekdir", "", err)
+		return
+	}
+	seen := map[string]int{}
+	for _, d := range again {
+		seen[d.name]++
+	}
+	var wrong []string
+	for _, d := range rest {
+		if !changed[d.name] && seen[d.name] != 1 {
+			wrong = append(wrong, d.name+" x"+itoa(seen[d.name]))
+		}
+	}
+	for _, d := range first {
+		if !changed[d.name] && seen[d.name] != 0 {
+			wrong = append(wrong, d.name+" (before the offset) x"+itoa(seen[d.name]))
+		}
+	}
+	slices.Sort(wrong)
+	r.Note("listing after seekdir: unchanged entries wrong: [%s]", strings.Join(wrong, " "))
+}
+
+func boolStr(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
