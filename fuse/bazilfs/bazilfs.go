@@ -206,6 +206,7 @@ func (f *FS) fillAttr(out *fuse.Attr, a fsops.Attr) {
 	out.Nlink = a.Nlink
 	out.Uid = a.Uid
 	out.Gid = a.Gid
+	out.Rdev = a.Rdev
 	out.BlockSize = MaxIO
 }
 

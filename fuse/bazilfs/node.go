@@ -132,7 +132,7 @@ func (n node) Mkdir(ctx context.Context, req *fuse.MkdirRequest) (fs.Node, error
 // Mknod implements fs.NodeMknoder.
 func (n node) Mknod(ctx context.Context, req *fuse.MknodRequest) (fs.Node, error) {
 	mode := unixPerm(req.Mode) | fileType(req.Mode)
-	at, e := n.fs.ops.Mknod(uninterrupted(ctx), n.ino, req.Name, mode, caller(&req.Header))
+	at, e := n.fs.ops.Mknod(uninterrupted(ctx), n.ino, req.Name, mode, req.Rdev, caller(&req.Header))
 	if e != 0 {
 		return nil, e
 	}

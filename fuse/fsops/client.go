@@ -112,7 +112,7 @@ func attrOf(a *pb.Attr) Attr {
 		Ino: a.GetIno(), Mode: a.GetMode(), Nlink: a.GetNlink(), Uid: a.GetUid(), Gid: a.GetGid(),
 		Size: a.GetSize(), Blocks: a.GetBlocks(),
 		Atime: time.Unix(0, a.GetAtimeNs()), Mtime: time.Unix(0, a.GetMtimeNs()), Ctime: time.Unix(0, a.GetCtimeNs()),
-		Gen: a.GetGeneration(),
+		Gen: a.GetGeneration(), Rdev: uint32(a.GetRdev()),
 	}
 }
 
@@ -350,26 +350,21 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	return a, out, 0
 }
 
-// Mknod implements Ops.
-func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
+// Mknod implements Ops: a regular file, FIFO, socket or device node in
+// one command. Opening a special file is the kernel's business.
+func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode, rdev uint32, c Caller) (a Attr, e syscall.Errno) {
 	defer guard("mknod", &e)
-	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG {
-		return Attr{}, syscall.EPERM
+	if o.meta.on() {
+		defer o.meta.caps.Expect()()
 	}
-	ctx, cancel := o.bound(ctx)
-	defer cancel()
-	h, pa, err := o.c.OpenLoc(ctx, entry(parent, name), syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL, mode&0o7777, c.Uid, c.Gid, false, false)
-	o.meta.forget(parent)
-	if err != nil {
-		return Attr{}, errnoOf("mknod", err)
+	res, e := o.do(ctx, "mknod", &pb.Command{Op: &pb.Command_Mknod{Mknod: &pb.MknodCmd{
+		Loc: entry(parent, name), Mode: mode, Rdev: uint64(rdev), Uid: c.Uid, Gid: c.Gid,
+	}}})
+	o.createdHere(parent, name, res, e)
+	if e != 0 {
+		return Attr{}, e
 	}
-	if err := o.c.CloseHandle(ctx, h); err != nil {
-		return Attr{}, errnoOf("mknod", err)
-	}
-	if pa != nil {
-		return attrOf(pa), 0
-	}
-	return o.Lookup(ctx, parent, name)
+	return o.created(ctx, "mknod", res, parent, name)
 }
 
 // Read implements Ops.

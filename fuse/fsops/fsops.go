@@ -45,6 +45,7 @@ type Attr struct {
 	Mtime  time.Time
 	Ctime  time.Time
 	Gen    uint64
+	Rdev   uint32 // a device's number (Linux encoding)
 	// Valid, when not 0, is how long the kernel may cache these
 	// attributes (and the name that led to them) instead of the mount's
 	// attribute timeout: what the mount's capabilities guarantee
@@ -137,11 +138,9 @@ type Ops interface {
 	// ReadDirPlus is ReadDir with the entries' attributes where known
 	// (DirEntry.Attr), for a binding that answers READDIRPLUS.
 	ReadDirPlus(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)
-	// Mknod makes a regular file (mode carries S_IFREG or no type bits);
-	// the cluster has no device, FIFO or socket inodes, so any other type
-	// is EPERM, what mknod(2) answers when a file system does not support
-	// the type.
-	Mknod(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (Attr, syscall.Errno)
+	// Mknod makes a regular file (mode carries S_IFREG or no type bits),
+	// a FIFO, a socket or a device (rdev: its number, Linux encoding).
+	Mknod(ctx context.Context, parent uint64, name string, mode, rdev uint32, c Caller) (Attr, syscall.Errno)
 	Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (Attr, syscall.Errno)
 	// Rmdir, Unlink and Rename take the caller to enforce the sticky bit
 	// (see ClientOps.sticky).

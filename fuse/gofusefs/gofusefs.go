@@ -186,6 +186,7 @@ func fillAttr(out *fuse.Attr, a fsops.Attr) {
 	out.Nlink = a.Nlink
 	out.Uid = a.Uid
 	out.Gid = a.Gid
+	out.Rdev = a.Rdev
 	out.Blksize = MaxIO
 	out.SetTimes(&a.Atime, &a.Mtime, &a.Ctime)
 }

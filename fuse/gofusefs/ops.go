@@ -78,7 +78,7 @@ func (f *FS) Access(_ <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 
 // Mknod implements fuse.RawFileSystem.
 func (f *FS) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	a, e := f.ops.Mknod(ctx(), in.NodeId, name, in.Mode, caller(&in.InHeader))
+	a, e := f.ops.Mknod(ctx(), in.NodeId, name, in.Mode, in.Rdev, caller(&in.InHeader))
 	return f.entryResult(out, a, e)
 }
 

@@ -62,6 +62,7 @@ var Cases = map[string]Case{
 	"overwrite_tails": overwriteTails,
 	"setgid_dir":      setgidDir,
 	"rename_over":     renameOver,
+	"special_files":   specialFiles,
 	"rewinddir":       rewinddirCase,
 	"seekdir":         seekdirCase,
 }
@@ -513,6 +514,42 @@ func renameOver(r *Rec) {
 	r.Close("ro")
 	r.Close("rw")
 	r.Stat("old")
+}
+
+// specialFiles: FIFOs, sockets and devices are made, listed, stat'ed,
+// linked, renamed and removed like files; a FIFO passes data between two
+// descriptors of this host.
+func specialFiles(r *Rec) {
+	r.Mknod("fifo", syscall.S_IFIFO|0o640, 0)
+	r.Mknod("sock", syscall.S_IFSOCK|0o755, 0)
+	r.Mknod("chr", syscall.S_IFCHR|0o600, 0x0103)
+	r.Mknod("blk", syscall.S_IFBLK|0o660, 0x0800)
+	r.Mknod("reg", syscall.S_IFREG|0o644, 0)
+	r.Mknod("fifo", syscall.S_IFIFO|0o640, 0)
+	for _, n := range []string{"fifo", "sock", "chr", "blk", "reg"} {
+		r.Lstat(n)
+	}
+	r.ReadDir(".")
+	r.Link("fifo", "fifo2")
+	r.Rename("chr", "chr2")
+	r.Lstat("fifo2")
+	r.Lstat("chr2")
+	r.Chmod("blk", 0o600)
+	r.Lstat("blk")
+	r.Truncate("fifo", 0)
+	// The kernel opens a FIFO itself: both ends on this host.
+	r.Open("rd", "fifo", rdonly|syscall.O_NONBLOCK, 0)
+	r.Open("wr", "fifo", wronly, 0)
+	r.Write("wr", []byte("through the pipe"))
+	r.Read("rd", 64)
+	r.Close("wr")
+	r.Close("rd")
+	r.Unlink("fifo")
+	r.Lstat("fifo2")
+	for _, n := range []string{"fifo2", "sock", "chr2", "blk", "reg"} {
+		r.Unlink(n)
+	}
+	r.ReadDir(".")
 }
 
 // dirent is one getdents64 record: its name and offset (d_off).

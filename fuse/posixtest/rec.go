@@ -90,12 +90,21 @@ func fmtStat(st *syscall.Stat_t) string {
 	typ := map[uint32]string{
 		syscall.S_IFREG: "reg", syscall.S_IFDIR: "dir", syscall.S_IFLNK: "lnk",
 		syscall.S_IFIFO: "fifo", syscall.S_IFSOCK: "sock",
+		syscall.S_IFCHR: "chr", syscall.S_IFBLK: "blk",
 	}[st.Mode&syscall.S_IFMT]
 	s := fmt.Sprintf("%s %04o", typ, st.Mode&0o7777)
+	if typ == "chr" || typ == "blk" {
+		s += fmt.Sprintf(" rdev=%#x", st.Rdev)
+	}
 	if typ != "dir" {
 		s += fmt.Sprintf(" size=%d", st.Size)
 	}
 	return s + fmt.Sprintf(" nlink=%d uid=%d gid=%d", st.Nlink, st.Uid, st.Gid)
+}
+
+// Mknod records mknod(2) of name.
+func (r *Rec) Mknod(name string, mode uint32, dev int) {
+	r.rec(fmt.Sprintf("mknod %s %#o %#x", name, mode, dev), "", syscall.Mknod(r.p(name), mode, dev))
 }
 
 // Stat records stat(2) of name.
