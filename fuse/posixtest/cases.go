@@ -594,16 +594,26 @@ func sortedNames(ds []dirent) string {
 	return strings.Join(ns, " ")
 }
 
+// openFilledDir makes directory name with n empty files f0, f1, ... and
+// opens it for reading; ok is false (and noted) when it cannot.
+func (r *Rec) openFilledDir(name string, n int) (fd int, ok bool) {
+	r.Mkdir(name, 0o755)
+	for i := range n {
+		r.WriteFile(name+"/f"+itoa(i), nil, 0o644)
+	}
+	fd, err := syscall.Open(filepath.Join(r.Dir, name), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		r.Note("open %s: %s", name, errName(err))
+		return 0, false
+	}
+	return fd, true
+}
+
 // rewinddirCase: rewinddir (lseek to 0) after the directory changed
 // lists it as it is now.
 func rewinddirCase(r *Rec) {
-	r.Mkdir("d", 0o755)
-	for i := 0; i < 12; i++ {
-		r.WriteFile("d/f"+itoa(i), nil, 0o644)
-	}
-	fd, err := syscall.Open(filepath.Join(r.Dir, "d"), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		r.Note("open d: %s", errName(err))
+	fd, ok := r.openFilledDir("d", 12)
+	if !ok {
 		return
 	}
 	defer syscall.Close(fd)
@@ -634,13 +644,8 @@ func rewinddirCase(r *Rec) {
 // meanwhile: every entry that did not change and followed the offset
 // comes again once, none that preceded it does.
 func seekdirCase(r *Rec) {
-	r.Mkdir("d", 0o755)
-	for i := 0; i < 30; i++ {
-		r.WriteFile("d/f"+itoa(i), nil, 0o644)
-	}
-	fd, err := syscall.Open(filepath.Join(r.Dir, "d"), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		r.Note("open d: %s", errName(err))
+	fd, ok := r.openFilledDir("d", 30)
+	if !ok {
 		return
 	}
 	defer syscall.Close(fd)
