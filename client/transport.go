@@ -76,7 +76,7 @@ func newTransport(cfg *config, addrs []string) (*transport, error) {
 // keepaliveTime is how long a connection with calls in flight may stay
 // silent before the client pings the node, and how long it waits for the
 // answer. Nodes accept pings this often (their keepalive policy).
-const keepaliveTime = 5 * time.Second
+const keepaliveTime = 10 * time.Second
 
 // connLocked returns the connection to addr, creating it (and recording
 // addr as known) the first time. grpc connects lazily, so this never blocks.
