@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# pjdfstest (the FreeBSD/Linux POSIX file-system test suite) through a
+# MemoryFS mount: copies the suite's source into a fresh temporary directory
+# (never inside the repository), builds it there (autoreconf -ifs,
+# ./configure, make pjdfstest), starts a fresh local 3-node cluster
+# (`memfs up`), mounts it (`memfs mount --daemon --allow-other`) and runs
+# `prove -r` of the suite's tests from a directory inside the mount. Ends
+# with prove's summary and one line
+#
+#   pjdfstest: binding=<b> files=<n> tests=<n> failed=<n> (failing files)
+#
+# and exits non-zero when any test failed. Results: docs/fuse.md,
+# "Conformance (pjdfstest)".
+#
+#   fuse/conformance/pjdfstest.sh SUITE_SRC_DIR [path/to/memfs]
+#
+# SUITE_SRC_DIR is a checkout of https://github.com/pjd/pjdfstest (this
+# script fetches nothing); memfs defaults to `command -v memfs`. Run it as
+# root (the suite changes owners and switches users); needs autoconf,
+# automake, gcc, make, perl (prove), timeout and fusermount3.
+#
+# Environment: BINDING (default gofuse; or bazil) for the mount; MOUNT_FLAGS
+# (e.g. "--caps=false") goes to the mount; TESTS (e.g. "tests/chmod
+# tests/rename", relative to SUITE_SRC_DIR; default "tests") limits the run;
+# FILE_TIMEOUT (default 120) seconds per test file, after which it is killed
+# and counted as failing; PROVE_FLAGS (e.g. "-v": every check with what it
+# tried, expected and got) goes to prove; BASE_PORT (default random) for
+# the cluster; KEEP=1 leaves the temporary directory (cluster data, mount.log, prove.log).
+set -euo pipefail
+
+usage() { echo "usage: $0 SUITE_SRC_DIR [path/to/memfs]" >&2; exit 2; }
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage; fi
+SRC=$1
+if [ ! -f "$SRC/pjdfstest.c" ] || [ ! -f "$SRC/tests/misc.sh" ]; then
+  echo "$0: $SRC does not look like the pjdfstest source (no pjdfstest.c, tests/misc.sh)" >&2
+  exit 2
+fi
+BIN=${2:-$(command -v memfs || true)}
+if [ -z "$BIN" ] || [ ! -x "$BIN" ]; then echo "$0: no memfs binary (give its path)" >&2; usage; fi
+BIN=$(realpath "$BIN")
+SRC=$(realpath "$SRC")
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: must run as root: pjdfstest changes owners, switches users and mounts FUSE with allow_other" >&2
+  exit 2
+fi
+
+missing=
+need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need autoreconf autoconf
+need aclocal automake
+need gcc gcc
+need make make
+need prove perl
+need timeout coreutils
+need fusermount3 fuse3
+if [ -n "$missing" ]; then
+  echo "$0: missing tools; install the Debian packages:$missing" >&2
+  exit 2
+fi
+
+BINDING=${BINDING:-gofuse}
+FILE_TIMEOUT=${FILE_TIMEOUT:-120}
+TESTS=${TESTS:-tests}
+base=${BASE_PORT:-$((20000 + RANDOM % 20000))}
+work=$(mktemp -d /tmp/memfs-pjdfstest-XXXXXX)
+mnt=$work/mnt
+export MEMFS_CLUSTER="127.0.0.1:$((base+1)),127.0.0.1:$((base+2)),127.0.0.1:$((base+3))"
+
+up=
+mounted=
+cleanup() {
+  set +e
+  cd /
+  if [ -n "$mounted" ]; then
+    fusermount3 -u "$mnt" 2>/dev/null || { sleep 1; fusermount3 -u "$mnt" 2>/dev/null; } || fusermount3 -uz "$mnt" 2>/dev/null
+  fi
+  if [ -n "$up" ]; then kill "$up" 2>/dev/null; wait "$up" 2>/dev/null; fi
+  if [ "${KEEP:-}" = 1 ]; then
+    echo "kept $work" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Build the suite in a copy: it leaves its objects, configure output and the
+# pjdfstest binary next to the tests, where tests/misc.sh looks for it (the
+# first directory above the test file holding an executable pjdfstest).
+cp -a "$SRC/." "$work/src"
+echo "building pjdfstest in $work/src" >&2
+if ! (cd "$work/src" && autoreconf -ifs && ./configure && make pjdfstest) >"$work/build.log" 2>&1; then
+  tail -30 "$work/build.log" >&2
+  echo "$0: building pjdfstest failed" >&2
+  exit 1
+fi
+
+"$BIN" up --nodes 3 --dir "$work/cluster" --base-port "$base" >"$work/up.log" 2>&1 &
+up=$!
+for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
+grep -q "is up" "$work/up.log" || { cat "$work/up.log" >&2; exit 1; }
+mkdir "$mnt"
+# shellcheck disable=SC2086 # MOUNT_FLAGS is a list of flags
+"$BIN" mount --daemon --allow-other --binding "$BINDING" ${MOUNT_FLAGS:-} --log "$work/mount.log" "$mnt" >/dev/null
+mounted=1
+
+# prove has no timeout: it runs every test file through this wrapper.
+cat >"$work/run-one.sh" <<'EOF'
+#!/bin/sh
+timeout -k 10 "$PJD_FILE_TIMEOUT" sh "$1"
+rc=$?
+[ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "$1" >>"$PJD_TIMEOUTS"
+exit $rc
+EOF
+chmod +x "$work/run-one.sh"
+export PJD_FILE_TIMEOUT=$FILE_TIMEOUT PJD_TIMEOUTS=$work/timeouts
+: >"$work/timeouts"
+unset dir # tests/misc.sh takes the suite's directory from it when set
+
+targets=()
+for t in $TESTS; do targets+=("$work/src/$t"); done
+mkdir "$mnt/pjdfstest"
+cd "$mnt/pjdfstest"
+echo "binding $BINDING, memfs $BIN, cluster $MEMFS_CLUSTER, mount $mnt" >&2
+rc=0
+# shellcheck disable=SC2086 # PROVE_FLAGS is a list of flags
+prove -r ${PROVE_FLAGS:-} --exec "$work/run-one.sh" "${targets[@]}" 2>&1 | tee "$work/prove.log" || rc=$?
+cd /
+
+files=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\1/p' "$work/prove.log" | tail -1)
+tests=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\2/p' "$work/prove.log" | tail -1)
+# Test Summary Report: one line per failing file ("path (Wstat: .. Tests: ..
+# Failed: n)"), then indented details.
+failed=$(sed -n '/^Test Summary Report/,$ s/.*(Wstat: .* Failed: \([0-9]*\)).*/\1/p' "$work/prove.log" |
+  awk '{s += $1} END {print s + 0}')
+failing=$(sed -n '/^Test Summary Report/,$ s/^\([^ ]*\) *(Wstat: .*/\1/p' "$work/prove.log" |
+  sed "s|^$work/src/||" | tr '\n' ' ' | sed 's/ $//')
+if [ -s "$work/timeouts" ]; then
+  echo "timed out after ${FILE_TIMEOUT}s: $(sed "s|^$work/src/||" "$work/timeouts" | tr '\n' ' ')"
+fi
+if grep -qi 'panic' "$work/mount.log" 2>/dev/null; then
+  echo "the mount log has panics:"
+  grep -i -A5 'panic' "$work/mount.log" | head -40
+fi
+echo "pjdfstest: binding=$BINDING files=${files:-0} tests=${tests:-0} failed=$failed ($failing)"
+if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ -n "$failing" ] || [ -z "$files" ]; then
+  exit 1
+fi
