@@ -173,8 +173,8 @@ func (cp *Caps) grant(ctx context.Context, g *pb.GrantCmd) ([]uint64, error) {
 	var granted, late []uint64
 	cp.mu.Lock()
 	for _, ino := range res.GetGranted() {
-		if cp.recalled[ino] >= epoch {
-			late = append(late, ino) // recalled before this answer came
+		if cp.recalled[ino] >= epoch || cp.missedLocked(epoch) {
+			late = append(late, ino) // recalled, or maybe, before this answer came
 			continue
 		}
 		cp.held[ino] = epoch
@@ -239,7 +239,7 @@ func (cp *Caps) Adopt(ino, epoch uint64) {
 		return
 	}
 	cp.mu.Lock()
-	late := cp.recalled[ino] >= epoch || cp.session != cp.c.Session()
+	late := cp.recalled[ino] >= epoch || cp.missedLocked(epoch) || cp.session != cp.c.Session()
 	if !late {
 		cp.held[ino] = epoch
 	}
@@ -248,6 +248,12 @@ func (cp *Caps) Adopt(ino, epoch uint64) {
 		cp.giveBack(&pb.CapRef{Ino: ino, Epoch: epoch})
 	}
 }
+
+// missedLocked reports whether recalls of a capability granted at epoch
+// may have gone unseen: the change stream was opened again after the
+// grant was applied, so it began past recalls in between. (While the new
+// stream has delivered nothing yet, its first event drops such grants.)
+func (cp *Caps) missedLocked(epoch uint64) bool { return cp.first != 0 && epoch < cp.first }
 
 // Release gives back the capabilities on inos, for a holder that no
 // longer caches them.

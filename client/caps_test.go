@@ -258,3 +258,33 @@ func TestExclusiveCapability(t *testing.T) {
 	require.False(t, b.Caps().HeldExclusive(ino))
 	require.Eventually(t, trusted(a, ino, false), 10*time.Second, 10*time.Millisecond)
 }
+
+// TestGrantBeforeStreamNotHeld: a capability granted before the change
+// stream (re)began is given back, not held: recalls between the grant and
+// the stream's first event were never delivered, so the holder could not
+// know it had to drop what it cached.
+func TestGrantBeforeStreamNotHeld(t *testing.T) {
+	cl := server.StartCluster(t, 1)
+	holder := connect(t, cl, client.WithCaps())
+	ctx := t.Context()
+	require.NoError(t, holder.Mkdir("/d", 0o755))
+	caps := holder.Caps()
+	st, err := holder.Stat("/d")
+	require.NoError(t, err)
+	d := st.Sys().(*pb.Attr).Ino
+	_, err = caps.Grant(ctx, []uint64{d}, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return caps.Held(d) }, 10*time.Second, 10*time.Millisecond)
+
+	// A create in the held directory hands out a capability at its epoch;
+	// the stream is then taken to have begun after it.
+	done := caps.Expect()
+	res, err := holder.Do(ctx, &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{
+		Loc: &pb.Loc{Path: "/d/sub"}, Mode: 0o755}}})
+	require.NoError(t, err)
+	require.NotZero(t, res.Epoch)
+	caps.StreamBeganAt(res.Epoch + 1)
+	caps.Adopt(res.Attr.Ino, res.Epoch)
+	done()
+	require.False(t, caps.Held(res.Attr.Ino), "adopted a capability whose recalls the stream cannot have carried")
+}

@@ -8,3 +8,11 @@ func SetStreamLimit(n int) (restore func()) {
 	streamLimit = n
 	return func() { streamLimit = old }
 }
+
+// StreamBeganAt makes the capability table believe its change stream was
+// opened again and delivered index first as its first event.
+func (cp *Caps) StreamBeganAt(first uint64) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.first = first
+}
