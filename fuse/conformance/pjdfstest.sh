@@ -130,11 +130,15 @@ cd /
 
 files=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\1/p' "$work/prove.log" | tail -1)
 tests=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\2/p' "$work/prove.log" | tail -1)
-# Test Summary Report: one line per failing file ("path (Wstat: .. Tests: ..
-# Failed: n)"), then indented details.
+# Test Summary Report: one line per file ("path (Wstat: .. Tests: ..
+# Failed: n)"), then indented details; a file listed only for "TODO passed"
+# did not fail.
 failed=$(sed -n '/^Test Summary Report/,$ s/.*(Wstat: .* Failed: \([0-9]*\)).*/\1/p' "$work/prove.log" |
   awk '{s += $1} END {print s + 0}')
-failing=$(sed -n '/^Test Summary Report/,$ s/^\([^ ]*\) *(Wstat: .*/\1/p' "$work/prove.log" |
+failing=$(sed -n '/^Test Summary Report/,$p' "$work/prove.log" | awk '
+  /\(Wstat: / { f = $1; if ($0 !~ /Failed: 0\)/) bad[f] = 1; order[++n] = f; next }
+  /Non-zero exit status|Parse errors|Failed tests?:/ { if (f != "") bad[f] = 1 }
+  END { for (i = 1; i <= n; i++) if (bad[order[i]]) print order[i] }' |
   sed "s|^$work/src/||" | tr '\n' ' ' | sed 's/ $//')
 if [ -s "$work/timeouts" ]; then
   echo "timed out after ${FILE_TIMEOUT}s: $(sed "s|^$work/src/||" "$work/timeouts" | tr '\n' ' ')"
