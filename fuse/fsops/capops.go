@@ -163,7 +163,7 @@ func (o *ClientOps) removedHere(parent uint64, name string, e syscall.Errno) {
 	if !o.meta.on() {
 		return
 	}
-	ent, found, _ := o.meta.lookup(parent, name)
+	ent, found, _ := o.meta.lookupWhile(parent, name, true)
 	if e != 0 {
 		o.meta.forget(parent)
 		return
@@ -180,8 +180,8 @@ func (o *ClientOps) renamedHere(parent uint64, name string, newParent uint64, ne
 	if !o.meta.on() {
 		return
 	}
-	moved, found, _ := o.meta.lookup(parent, name)
-	replaced, hadTarget, _ := o.meta.lookup(newParent, newName)
+	moved, found, _ := o.meta.lookupWhile(parent, name, true)
+	replaced, hadTarget, _ := o.meta.lookupWhile(newParent, newName, true)
 	if e != 0 || !found {
 		o.meta.forget(parent, newParent)
 		return

@@ -95,6 +95,9 @@ func New(c *client.Client, opt Options) *ClientOps {
 	return o
 }
 
+// maxNameLen is the longest name the cluster takes (NAME_MAX).
+const maxNameLen = 255
+
 // Open-flag bits the cluster understands (Linux values).
 const (
 	oAccMode = syscall.O_ACCMODE
@@ -128,6 +131,11 @@ var errNoAttr = errors.New("fsops: the cluster returned no attributes")
 // Lookup implements Ops.
 func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a Attr, e syscall.Errno) {
 	defer guard("lookup", &e)
+	if len(name) > maxNameLen {
+		// What the cluster answers, also where a cached listing would
+		// say "absent".
+		return Attr{}, syscall.ENAMETOOLONG
+	}
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	if o.meta.on() {
@@ -320,6 +328,7 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
+	defer o.meta.changes(parent)()
 	res, err := o.c.Do(ctx, &pb.Command{Op: &pb.Command_Open{Open: &pb.OpenCmd{
 		Loc: entry(parent, name), Flags: f, Mode: mode & 0o7777, Uid: c.Uid, Gid: c.Gid,
 	}}})
@@ -357,6 +366,7 @@ func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode,
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
+	defer o.meta.changes(parent)()
 	res, e := o.do(ctx, "mknod", &pb.Command{Op: &pb.Command_Mknod{Mknod: &pb.MknodCmd{
 		Loc: entry(parent, name), Mode: mode, Rdev: uint64(rdev), Uid: c.Uid, Gid: c.Gid,
 	}}})
@@ -616,6 +626,7 @@ func (o *ClientOps) Mkdir(ctx context.Context, parent uint64, name string, mode 
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
+	defer o.meta.changes(parent)()
 	res, e := o.do(ctx, "mkdir", &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{
 		Loc: entry(parent, name), Mode: mode & 0o7777, Uid: c.Uid, Gid: c.Gid,
 	}}})
@@ -658,6 +669,7 @@ func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Cal
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
+	defer o.meta.changes(parent)()
 	_, e = o.do(ctx, "rmdir", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: true}}})
 	o.removedHere(parent, name, e)
 	return e
@@ -671,6 +683,7 @@ func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Ca
 		return e
 	}
 	o.pinEntry(ctx, parent, name)
+	defer o.meta.changes(parent)()
 	_, e = o.do(ctx, "unlink", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), FileOnly: true}}})
 	o.removedHere(parent, name, e)
 	o.staleViews() // the removed inode's nlink and ctime changed
@@ -687,6 +700,7 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 		return e
 	}
 	o.pinEntry(ctx, newParent, newName)
+	defer o.meta.changes(parent, newParent)()
 	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
 		Src: entry(parent, name), Dst: entry(newParent, newName),
 	}}})
@@ -701,6 +715,7 @@ func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target str
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
+	defer o.meta.changes(parent)()
 	res, e := o.do(ctx, "symlink", &pb.Command{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{
 		Loc: entry(parent, name), Target: target, Uid: c.Uid, Gid: c.Gid,
 	}}})
@@ -730,6 +745,7 @@ func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e sysca
 func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName string) (a Attr, e syscall.Errno) {
 	defer guard("link", &e)
 	o.barrier(ino)
+	defer o.meta.changes(newParent)()
 	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
 		Src: inode(ino), Dst: entry(newParent, newName),
 	}}})

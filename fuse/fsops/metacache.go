@@ -109,7 +109,12 @@ type metaCache struct {
 	dropped map[uint64]uint64     // guarded by mu: ino → clock of its last drop
 	lost    map[uint64]uint64     // guarded by mu: ino → clock of its last forget (a recall, a name change)
 	writer  map[uint64]writer     // guarded by mu: ino → who began its latest commits
-	floor   uint64                // guarded by mu: fills older than this are refused
+	// changing counts this mount's commands in flight that change a
+	// directory's entries: the cluster may have applied one before its
+	// answer comes and the listing is edited, so meanwhile the listing is
+	// neither answered from nor filled (changes).
+	changing map[uint64]int // guarded by mu
+	floor    uint64         // guarded by mu: fills older than this are refused
 
 	fillMu  sync.Mutex
 	filling map[uint64]chan struct{} // guarded by fillMu: directory fills in flight
@@ -117,7 +122,7 @@ type metaCache struct {
 
 func newMetaCache(caps *client.Caps) *metaCache {
 	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, lost: map[uint64]uint64{},
-		writer:  map[uint64]writer{},
+		writer: map[uint64]writer{}, changing: map[uint64]int{},
 		filling: map[uint64]chan struct{}{}}
 }
 
@@ -137,7 +142,34 @@ func (c *metaCache) now() uint64 {
 // keepable reports whether a fill begun at start may keep what it read of
 // ino. Called with mu held.
 func (c *metaCache) keepable(ino, start uint64) bool {
-	return start >= c.floor && c.dropped[ino] <= start && c.caps.Held(ino)
+	return start >= c.floor && c.dropped[ino] <= start && c.changing[ino] == 0 && c.caps.Held(ino)
+}
+
+// changes begins a command of this mount that changes the entries of
+// dirs. Until the function it returns is called, once the listings were
+// edited with the command's outcome, they are not answered from: another
+// client may already have seen the change. Fills begun before that call
+// are refused.
+func (c *metaCache) changes(dirs ...uint64) (done func()) {
+	if c == nil {
+		return func() {}
+	}
+	c.mu.Lock()
+	for _, d := range dirs {
+		c.changing[d]++
+	}
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.clock++
+		for _, d := range dirs {
+			if c.changing[d]--; c.changing[d] <= 0 {
+				delete(c.changing, d)
+			}
+			c.dropped[d] = c.clock
+		}
+	}
 }
 
 func (c *metaCache) entryLocked(ino uint64) *metaEntry {
@@ -304,13 +336,19 @@ func (c *metaCache) noXattrs(ino uint64) bool {
 // entry, or found false for a name the directory does not have. ok is
 // false when the listing is not cached.
 func (c *metaCache) lookup(parent uint64, name string) (ent DirEntry, found, ok bool) {
+	return c.lookupWhile(parent, name, false)
+}
+
+// lookupWhile is lookup that, with changing, also answers while a change
+// of this mount to parent is in flight: for the edit that ends it.
+func (c *metaCache) lookupWhile(parent uint64, name string, changing bool) (ent DirEntry, found, ok bool) {
 	if c == nil || !c.caps.Held(parent) {
 		return DirEntry{}, false, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.m[parent]
-	if e == nil || e.dir == nil {
+	if e == nil || e.dir == nil || c.changing[parent] > 0 && !changing {
 		return DirEntry{}, false, false
 	}
 	i, found := e.dir.byName[name]
@@ -331,7 +369,7 @@ func (c *metaCache) list(ino uint64) ([]DirEntry, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.m[ino]
-	if e == nil || e.dir == nil {
+	if e == nil || e.dir == nil || c.changing[ino] > 0 {
 		return nil, false
 	}
 	out := make([]DirEntry, 0, len(e.dir.ents)+2)

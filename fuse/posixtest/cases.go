@@ -443,7 +443,18 @@ func names(r *Rec) {
 	r.WriteFile("ünï©ødé", []byte("2"), 0o644)
 	r.WriteFile("-dash", []byte("3"), 0o644)
 	r.WriteFile("new\nline", []byte("4"), 0o644)
+	// Too long for any call, also those that look the name up first
+	// (where a cached listing must not answer "absent").
+	long := strings.Repeat("d", 256)
 	r.ReadDir("")
+	r.Stat(long)
+	r.Chmod(long, 0o600)
+	r.Truncate(long, 0)
+	r.Unlink(long)
+	r.Rmdir(long)
+	r.Rename("sp ace", long)
+	r.Link("-dash", long)
+	r.Rename(long, "x")
 }
 
 func renameOpen(r *Rec) {
