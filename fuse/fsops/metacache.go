@@ -142,7 +142,8 @@ func (c *metaCache) now() uint64 {
 // keepable reports whether a fill begun at start may keep what it read of
 // ino. Called with mu held.
 func (c *metaCache) keepable(ino, start uint64) bool {
-	return start >= c.floor && c.dropped[ino] <= start && c.changing[ino] == 0 && c.caps.Held(ino)
+	_, committing := c.writer[ino]
+	return start >= c.floor && c.dropped[ino] <= start && c.changing[ino] == 0 && !committing && c.caps.Held(ino)
 }
 
 // changes begins a command of this mount that changes the entries of
@@ -312,7 +313,9 @@ func (c *metaCache) attr(ino uint64) (Attr, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.m[ino]
-	if e == nil || !e.hasAttr || valid <= 0 {
+	if _, committing := c.writer[ino]; e == nil || !e.hasAttr || valid <= 0 || committing {
+		// While a command of this mount changes ino, the cluster may
+		// have applied it already: its result (committed) comes first.
 		return Attr{}, false
 	}
 	a := e.attr
