@@ -203,3 +203,37 @@ func TestCapsKeepWrittenData(t *testing.T) {
 	require.Greater(t, n, 17)
 	require.Zero(t, ops.Release(ctx, a.Ino, in.Handle))
 }
+
+// TestOverlappingChangesDropListing: two changes of this mount to one
+// directory in flight at once may be answered in another order than the
+// cluster applied them, so the listing is not kept past them; one change
+// at a time edits it in place.
+func TestOverlappingChangesDropListing(t *testing.T) {
+	ops, _, _ := newCapOps(t)
+	ctx := context.Background()
+	_, e := ops.Lookup(ctx, RootIno, "x") // fills the root's listing
+	require.Equal(t, syscall.ENOENT, e)
+	_, ok := ops.meta.list(RootIno)
+	require.True(t, ok)
+
+	done := ops.meta.changes(RootIno)
+	_, ok = ops.meta.list(RootIno)
+	require.False(t, ok, "answered while a change is in flight")
+	done()
+	_, ok = ops.meta.list(RootIno)
+	require.True(t, ok, "one change at a time keeps the listing")
+
+	done = ops.meta.changes(RootIno, RootIno) // a rename within the directory
+	done()
+	_, ok = ops.meta.list(RootIno)
+	require.True(t, ok, "a rename within one directory is one change")
+
+	first := ops.meta.changes(RootIno)
+	second := ops.meta.changes(RootIno)
+	first()
+	_, ok = ops.meta.list(RootIno)
+	require.False(t, ok)
+	second()
+	_, ok = ops.meta.list(RootIno)
+	require.False(t, ok, "overlapping changes leave the listing to be read again")
+}

@@ -114,7 +114,12 @@ type metaCache struct {
 	// answer comes and the listing is edited, so meanwhile the listing is
 	// neither answered from nor filled (changes).
 	changing map[uint64]int // guarded by mu
-	floor    uint64         // guarded by mu: fills older than this are refused
+	// overlapped marks directories two of whose changes were in flight
+	// at once: their answers may come in another order than the cluster
+	// applied them, so the edits cannot be trusted and the listing is
+	// dropped when the last ends.
+	overlapped map[uint64]bool // guarded by mu
+	floor      uint64          // guarded by mu: fills older than this are refused
 
 	fillMu  sync.Mutex
 	filling map[uint64]chan struct{} // guarded by fillMu: directory fills in flight
@@ -122,7 +127,7 @@ type metaCache struct {
 
 func newMetaCache(caps *client.Caps) *metaCache {
 	return &metaCache{caps: caps, m: map[uint64]*metaEntry{}, dropped: map[uint64]uint64{}, lost: map[uint64]uint64{},
-		writer: map[uint64]writer{}, changing: map[uint64]int{},
+		writer: map[uint64]writer{}, changing: map[uint64]int{}, overlapped: map[uint64]bool{},
 		filling: map[uint64]chan struct{}{}}
 }
 
@@ -155,8 +160,14 @@ func (c *metaCache) changes(dirs ...uint64) (done func()) {
 	if c == nil {
 		return func() {}
 	}
+	if len(dirs) == 2 && dirs[0] == dirs[1] {
+		dirs = dirs[:1] // a rename within one directory is one change of it
+	}
 	c.mu.Lock()
 	for _, d := range dirs {
+		if c.changing[d] > 0 {
+			c.overlapped[d] = true
+		}
 		c.changing[d]++
 	}
 	c.mu.Unlock()
@@ -165,10 +176,17 @@ func (c *metaCache) changes(dirs ...uint64) (done func()) {
 		defer c.mu.Unlock()
 		c.clock++
 		for _, d := range dirs {
-			if c.changing[d]--; c.changing[d] <= 0 {
-				delete(c.changing, d)
-			}
 			c.dropped[d] = c.clock
+			if c.changing[d]--; c.changing[d] > 0 {
+				continue
+			}
+			delete(c.changing, d)
+			if c.overlapped[d] {
+				delete(c.overlapped, d)
+				if e := c.m[d]; e != nil {
+					e.dir = nil
+				}
+			}
 		}
 	}
 }
