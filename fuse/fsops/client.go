@@ -866,7 +866,7 @@ func statfsOf(st *pb.Statfs) StatfsOut {
 	}
 	nameLen := st.GetMaxNameLen()
 	if nameLen == 0 {
-		nameLen = 255
+		nameLen = maxNameLen
 	}
 	return StatfsOut{
 		BlockSize: uint32(bs), Blocks: total / bs, BlocksFree: free / bs,
