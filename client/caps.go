@@ -281,7 +281,7 @@ func (cp *Caps) answered(sent time.Time, index uint64) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	switch {
-	case cp.first != 0 && index < cp.first:
+	case cp.missedLocked(index):
 		return // before the stream: recalls before it were not seen
 	case cp.first != 0 && index <= cp.seen:
 		cp.prove(sent)
