@@ -561,7 +561,11 @@ type OpenCmd struct {
 	// wait: when the file is held exclusively, queue (FIFO) instead of
 	// failing with EWOULDBLOCK. The result then has queued=true and the
 	// handle is granted later; poll it with HandleQuery.
-	Wait          bool `protobuf:"varint,7,opt,name=wait,proto3" json:"wait,omitempty"`
+	Wait bool `protobuf:"varint,7,opt,name=wait,proto3" json:"wait,omitempty"`
+	// ino: with O_CREAT, the number the created file takes, one of the
+	// session's reserved inode numbers (ReserveInodesCmd); 0 lets the
+	// cluster choose. Ignored when the file exists.
+	Ino           uint64 `protobuf:"varint,8,opt,name=ino,proto3" json:"ino,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -643,6 +647,13 @@ func (x *OpenCmd) GetWait() bool {
 		return x.Wait
 	}
 	return false
+}
+
+func (x *OpenCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
 }
 
 type CloseCmd struct {
@@ -859,6 +870,7 @@ type MkdirCmd struct {
 	Mode          uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
 	Uid           uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
 	Gid           uint32                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	Ino           uint64                 `protobuf:"varint,5,opt,name=ino,proto3" json:"ino,omitempty"` // a reserved inode number, as in OpenCmd
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,6 +929,13 @@ func (x *MkdirCmd) GetUid() uint32 {
 func (x *MkdirCmd) GetGid() uint32 {
 	if x != nil {
 		return x.Gid
+	}
+	return 0
+}
+
+func (x *MkdirCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
 	}
 	return 0
 }
@@ -1165,6 +1184,7 @@ type MknodCmd struct {
 	Rdev          uint64                 `protobuf:"varint,3,opt,name=rdev,proto3" json:"rdev,omitempty"`
 	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
 	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	Ino           uint64                 `protobuf:"varint,6,opt,name=ino,proto3" json:"ino,omitempty"` // a reserved inode number, as in OpenCmd
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1234,12 +1254,20 @@ func (x *MknodCmd) GetGid() uint32 {
 	return 0
 }
 
+func (x *MknodCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
 type SymlinkCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
 	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
 	Uid           uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
 	Gid           uint32                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	Ino           uint64                 `protobuf:"varint,5,opt,name=ino,proto3" json:"ino,omitempty"` // a reserved inode number, as in OpenCmd
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1298,6 +1326,13 @@ func (x *SymlinkCmd) GetUid() uint32 {
 func (x *SymlinkCmd) GetGid() uint32 {
 	if x != nil {
 		return x.Gid
+	}
+	return 0
+}
+
+func (x *SymlinkCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
 	}
 	return 0
 }
@@ -1869,6 +1904,167 @@ func (x *ReleaseCmd) GetCaps() []*CapRef {
 	return nil
 }
 
+// ReserveInodesCmd hands the session count inode numbers (at most 65,536)
+// that no one else will take: Result.first_ino is the first of them, and
+// Result.epoch the generation inodes created with them get. A creating
+// command of the session may name one (its ino field) so that its holder
+// knows the number before the command is sent. Numbers must be used in
+// ascending order within a reservation (a number below one already used is
+// EINVAL); a session holds at most 4 reservations, and they end with it.
+type ReserveInodesCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         uint32                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveInodesCmd) Reset() {
+	*x = ReserveInodesCmd{}
+	mi := &file_memfs_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveInodesCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveInodesCmd) ProtoMessage() {}
+
+func (x *ReserveInodesCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveInodesCmd.ProtoReflect.Descriptor instead.
+func (*ReserveInodesCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReserveInodesCmd) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// BatchCmd applies commands in order as one atomic step: all of them or,
+// when one fails, none (Result.errno is the failing one's, Result.failed
+// its position plus one). It is how a holder of exclusive capabilities
+// sends the operations it answered itself. fences names capabilities the
+// batch was built under: unless the session still holds each of them with
+// that epoch, exclusively, the batch is refused with EKEYREVOKED (128) and
+// changes nothing. The commands carry only an operation (and stamp_ns);
+// their session is the batch's, and sessions, grants, releases, ticks,
+// clones and batches cannot be nested. On success Result.results holds one
+// result per command.
+type BatchCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fences        []*CapRef              `protobuf:"bytes,1,rep,name=fences,proto3" json:"fences,omitempty"`
+	Commands      []*Command             `protobuf:"bytes,2,rep,name=commands,proto3" json:"commands,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCmd) Reset() {
+	*x = BatchCmd{}
+	mi := &file_memfs_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCmd) ProtoMessage() {}
+
+func (x *BatchCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCmd.ProtoReflect.Descriptor instead.
+func (*BatchCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *BatchCmd) GetFences() []*CapRef {
+	if x != nil {
+		return x.Fences
+	}
+	return nil
+}
+
+func (x *BatchCmd) GetCommands() []*Command {
+	if x != nil {
+		return x.Commands
+	}
+	return nil
+}
+
+// TouchCmd changes nothing. Until no other session holds an exclusive
+// capability on any of inos, it is refused for a recall like a change
+// and applied again, so a node sends one before it answers a read of an
+// inode another session buffers changes to: the read then sees them.
+type TouchCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Inos          []uint64               `protobuf:"varint,1,rep,packed,name=inos,proto3" json:"inos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TouchCmd) Reset() {
+	*x = TouchCmd{}
+	mi := &file_memfs_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TouchCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TouchCmd) ProtoMessage() {}
+
+func (x *TouchCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TouchCmd.ProtoReflect.Descriptor instead.
+func (*TouchCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *TouchCmd) GetInos() []uint64 {
+	if x != nil {
+		return x.Inos
+	}
+	return nil
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -1878,6 +2074,11 @@ type Command struct {
 	Session uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
 	Seq     uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	Ack     uint64                 `protobuf:"varint,3,opt,name=ack,proto3" json:"ack,omitempty"`
+	// stamp_ns, only in a BatchCmd: when the holder answered the operation
+	// itself. The times the command sets (mtime, ctime, atime "now", a new
+	// inode's) are stamp_ns instead of the entry's time when it lies within
+	// 60 s before the entry's time; otherwise the entry's time.
+	StampNs int64 `protobuf:"varint,4,opt,name=stamp_ns,json=stampNs,proto3" json:"stamp_ns,omitempty"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Command_Open
@@ -1895,6 +2096,9 @@ type Command struct {
 	//	*Command_Grant
 	//	*Command_Release
 	//	*Command_Mknod
+	//	*Command_ReserveInodes
+	//	*Command_Batch
+	//	*Command_Touch
 	//	*Command_OpenSession
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
@@ -1906,7 +2110,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2122,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[24]
+	mi := &file_memfs_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2135,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{24}
+	return file_memfs_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -1951,6 +2155,13 @@ func (x *Command) GetSeq() uint64 {
 func (x *Command) GetAck() uint64 {
 	if x != nil {
 		return x.Ack
+	}
+	return 0
+}
+
+func (x *Command) GetStampNs() int64 {
+	if x != nil {
+		return x.StampNs
 	}
 	return 0
 }
@@ -2097,6 +2308,33 @@ func (x *Command) GetMknod() *MknodCmd {
 	return nil
 }
 
+func (x *Command) GetReserveInodes() *ReserveInodesCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_ReserveInodes); ok {
+			return x.ReserveInodes
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetBatch() *BatchCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTouch() *TouchCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Touch); ok {
+			return x.Touch
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetOpenSession() *OpenSessionCmd {
 	if x != nil {
 		if x, ok := x.Op.(*Command_OpenSession); ok {
@@ -2197,6 +2435,18 @@ type Command_Mknod struct {
 	Mknod *MknodCmd `protobuf:"bytes,24,opt,name=mknod,proto3,oneof"`
 }
 
+type Command_ReserveInodes struct {
+	ReserveInodes *ReserveInodesCmd `protobuf:"bytes,25,opt,name=reserve_inodes,json=reserveInodes,proto3,oneof"`
+}
+
+type Command_Batch struct {
+	Batch *BatchCmd `protobuf:"bytes,26,opt,name=batch,proto3,oneof"`
+}
+
+type Command_Touch struct {
+	Touch *TouchCmd `protobuf:"bytes,27,opt,name=touch,proto3,oneof"`
+}
+
 type Command_OpenSession struct {
 	OpenSession *OpenSessionCmd `protobuf:"bytes,30,opt,name=open_session,json=openSession,proto3,oneof"`
 }
@@ -2243,6 +2493,12 @@ func (*Command_Release) isCommand_Op() {}
 
 func (*Command_Mknod) isCommand_Op() {}
 
+func (*Command_ReserveInodes) isCommand_Op() {}
+
+func (*Command_Batch) isCommand_Op() {}
+
+func (*Command_Touch) isCommand_Op() {}
+
 func (*Command_OpenSession) isCommand_Op() {}
 
 func (*Command_KeepAlive) isCommand_Op() {}
@@ -2271,7 +2527,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2539,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[25]
+	mi := &file_memfs_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2552,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{25}
+	return file_memfs_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2357,14 +2613,17 @@ type Result struct {
 	// capabilities on; they are being recalled. It changed nothing, is not
 	// recorded, and the node applies it again once they are released or
 	// revoked. A client never sees it.
-	Recall        bool `protobuf:"varint,19,opt,name=recall,proto3" json:"recall,omitempty"`
+	Recall        bool      `protobuf:"varint,19,opt,name=recall,proto3" json:"recall,omitempty"`
+	FirstIno      uint64    `protobuf:"varint,21,opt,name=first_ino,json=firstIno,proto3" json:"first_ino,omitempty"` // reserve_inodes: the first number reserved
+	Results       []*Result `protobuf:"bytes,22,rep,name=results,proto3" json:"results,omitempty"`                    // batch: one result per command
+	Failed        uint32    `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2635,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[26]
+	mi := &file_memfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2648,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{26}
+	return file_memfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -2532,6 +2791,27 @@ func (x *Result) GetRecall() bool {
 	return false
 }
 
+func (x *Result) GetFirstIno() uint64 {
+	if x != nil {
+		return x.FirstIno
+	}
+	return 0
+}
+
+func (x *Result) GetResults() []*Result {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *Result) GetFailed() uint32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -2541,7 +2821,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2833,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2846,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -2588,7 +2868,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2880,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2893,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -2656,7 +2936,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +2948,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +2961,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -2721,7 +3001,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +3013,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +3026,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -2766,7 +3046,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +3058,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +3071,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -2817,7 +3097,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +3109,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +3122,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -2860,7 +3140,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2872,7 +3152,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2885,7 +3165,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -2902,7 +3182,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3194,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3207,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -2960,7 +3240,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3252,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3265,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -3008,7 +3288,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3300,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3313,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -3084,7 +3364,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3096,7 +3376,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3389,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -3270,7 +3550,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3562,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3575,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -3322,7 +3602,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3614,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3627,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -3375,7 +3655,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3667,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3680,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -3434,7 +3714,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3726,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3739,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -3491,7 +3771,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3503,7 +3783,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3516,7 +3796,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -3550,7 +3830,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3842,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3855,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -3639,7 +3919,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3651,7 +3931,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3664,7 +3944,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -3873,7 +4153,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +4165,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +4178,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -3936,7 +4216,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3948,7 +4228,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3961,7 +4241,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4068,7 +4348,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4360,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4373,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -4139,7 +4419,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4151,7 +4431,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4164,7 +4444,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 type RemoveNodeRequest struct {
@@ -4177,7 +4457,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4189,7 +4469,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4202,7 +4482,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -4227,7 +4507,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4519,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4532,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -4267,7 +4547,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4279,7 +4559,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4292,7 +4572,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -4319,7 +4599,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4331,7 +4611,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4344,7 +4624,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -4364,7 +4644,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4376,7 +4656,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4389,7 +4669,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -4422,7 +4702,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4434,7 +4714,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4447,7 +4727,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -4494,7 +4774,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4506,7 +4786,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4519,7 +4799,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -4545,7 +4825,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4557,7 +4837,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4570,7 +4850,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4616,7 +4896,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +4908,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +4921,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -4719,7 +4999,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\rlogical_bytes\x18\x06 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\a \x01(\x04R\rphysicalBytes\x12\x1f\n" +
 	"\vblock_count\x18\b \x01(\x04R\n" +
-	"blockCount\"\xaa\x01\n" +
+	"blockCount\"\xbc\x01\n" +
 	"\aOpenCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x14\n" +
 	"\x05flags\x18\x02 \x01(\rR\x05flags\x12\x12\n" +
@@ -4727,7 +5007,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x1c\n" +
 	"\texclusive\x18\x06 \x01(\bR\texclusive\x12\x12\n" +
-	"\x04wait\x18\a \x01(\bR\x04wait\"\"\n" +
+	"\x04wait\x18\a \x01(\bR\x04wait\x12\x10\n" +
+	"\x03ino\x18\b \x01(\x04R\x03ino\"\"\n" +
 	"\bCloseCmd\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xcb\x02\n" +
 	"\bWriteCmd\x12\x16\n" +
@@ -4745,12 +5026,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03uid\x18\v \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\f \x01(\rR\x03gid\x12\x12\n" +
 	"\x04excl\x18\r \x01(\bR\x04excl\x12\x12\n" +
-	"\x04sums\x18\x0e \x03(\fR\x04sums\"c\n" +
+	"\x04sums\x18\x0e \x03(\fR\x04sums\"u\n" +
 	"\bMkdirCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\x04 \x01(\rR\x03gid\"d\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x12\x10\n" +
+	"\x03ino\x18\x05 \x01(\x04R\x03ino\"d\n" +
 	"\tRemoveCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x19\n" +
 	"\bdir_only\x18\x02 \x01(\bR\adirOnly\x12\x1b\n" +
@@ -4769,19 +5051,21 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x19\n" +
 	"\batime_ns\x18\a \x01(\x03R\aatimeNs\x12\x19\n" +
 	"\bmtime_ns\x18\b \x01(\x03R\amtimeNs\x12\x16\n" +
-	"\x06handle\x18\t \x01(\x04R\x06handle\"w\n" +
+	"\x06handle\x18\t \x01(\x04R\x06handle\"\x89\x01\n" +
 	"\bMknodCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
 	"\x04rdev\x18\x03 \x01(\x04R\x04rdev\x12\x10\n" +
 	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\x05 \x01(\rR\x03gid\"i\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x10\n" +
+	"\x03ino\x18\x06 \x01(\x04R\x03ino\"{\n" +
 	"\n" +
 	"SymlinkCmd\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
-	"\x03gid\x18\x04 \x01(\rR\x03gid\"K\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x12\x10\n" +
+	"\x03ino\x18\x05 \x01(\x04R\x03ino\"K\n" +
 	"\aLinkCmd\x12\x1f\n" +
 	"\x03src\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03src\x12\x1f\n" +
 	"\x03dst\x18\x02 \x01(\v2\r.memfs.v1.LocR\x03dst\"n\n" +
@@ -4812,11 +5096,19 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"2\n" +
 	"\n" +
 	"ReleaseCmd\x12$\n" +
-	"\x04caps\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x04caps\"\xf4\a\n" +
+	"\x04caps\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x04caps\"(\n" +
+	"\x10ReserveInodesCmd\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\"c\n" +
+	"\bBatchCmd\x12(\n" +
+	"\x06fences\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x06fences\x12-\n" +
+	"\bcommands\x18\x02 \x03(\v2\x11.memfs.v1.CommandR\bcommands\"\x1e\n" +
+	"\bTouchCmd\x12\x12\n" +
+	"\x04inos\x18\x01 \x03(\x04R\x04inos\"\xac\t\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12'\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12\x19\n" +
+	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12'\n" +
 	"\x04open\x18\n" +
 	" \x01(\v2\x11.memfs.v1.OpenCmdH\x00R\x04open\x12*\n" +
 	"\x05close\x18\v \x01(\v2\x12.memfs.v1.CloseCmdH\x00R\x05close\x12*\n" +
@@ -4832,7 +5124,10 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05clone\x18\x15 \x01(\v2\x12.memfs.v1.CloneCmdH\x00R\x05clone\x12*\n" +
 	"\x05grant\x18\x16 \x01(\v2\x12.memfs.v1.GrantCmdH\x00R\x05grant\x120\n" +
 	"\arelease\x18\x17 \x01(\v2\x14.memfs.v1.ReleaseCmdH\x00R\arelease\x12*\n" +
-	"\x05mknod\x18\x18 \x01(\v2\x12.memfs.v1.MknodCmdH\x00R\x05mknod\x12=\n" +
+	"\x05mknod\x18\x18 \x01(\v2\x12.memfs.v1.MknodCmdH\x00R\x05mknod\x12C\n" +
+	"\x0ereserve_inodes\x18\x19 \x01(\v2\x1a.memfs.v1.ReserveInodesCmdH\x00R\rreserveInodes\x12*\n" +
+	"\x05batch\x18\x1a \x01(\v2\x12.memfs.v1.BatchCmdH\x00R\x05batch\x12*\n" +
+	"\x05touch\x18\x1b \x01(\v2\x12.memfs.v1.TouchCmdH\x00R\x05touch\x12=\n" +
 	"\fopen_session\x18\x1e \x01(\v2\x18.memfs.v1.OpenSessionCmdH\x00R\vopenSession\x127\n" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
@@ -4843,7 +5138,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x9e\x04\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xff\x04\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -4865,7 +5160,10 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05epoch\x18\x11 \x01(\x04R\x05epoch\x12\x18\n" +
 	"\arefused\x18\x12 \x03(\x04R\arefused\x12\x18\n" +
 	"\agranted\x18\x14 \x03(\x04R\agranted\x12\x16\n" +
-	"\x06recall\x18\x13 \x01(\bR\x06recall\",\n" +
+	"\x06recall\x18\x13 \x01(\bR\x06recall\x12\x1b\n" +
+	"\tfirst_ino\x18\x15 \x01(\x04R\bfirstIno\x12*\n" +
+	"\aresults\x18\x16 \x03(\v2\x10.memfs.v1.ResultR\aresults\x12\x16\n" +
+	"\x06failed\x18\x17 \x01(\rR\x06failed\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -5064,7 +5362,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(Consistency)(0),              // 1: memfs.v1.Consistency
@@ -5092,40 +5390,43 @@ var file_memfs_proto_goTypes = []any{
 	(*GrantCmd)(nil),              // 23: memfs.v1.GrantCmd
 	(*CapRef)(nil),                // 24: memfs.v1.CapRef
 	(*ReleaseCmd)(nil),            // 25: memfs.v1.ReleaseCmd
-	(*Command)(nil),               // 26: memfs.v1.Command
-	(*Entry)(nil),                 // 27: memfs.v1.Entry
-	(*Result)(nil),                // 28: memfs.v1.Result
-	(*StatQuery)(nil),             // 29: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 30: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 31: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 32: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 33: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 34: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 35: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 36: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 37: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),             // 38: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 39: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 40: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 41: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 42: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 43: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 44: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 45: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 46: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 47: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 48: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 49: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 50: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 51: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 52: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 53: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 54: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 55: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 56: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 57: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 58: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 59: memfs.v1.Recall
+	(*ReserveInodesCmd)(nil),      // 26: memfs.v1.ReserveInodesCmd
+	(*BatchCmd)(nil),              // 27: memfs.v1.BatchCmd
+	(*TouchCmd)(nil),              // 28: memfs.v1.TouchCmd
+	(*Command)(nil),               // 29: memfs.v1.Command
+	(*Entry)(nil),                 // 30: memfs.v1.Entry
+	(*Result)(nil),                // 31: memfs.v1.Result
+	(*StatQuery)(nil),             // 32: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 33: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 34: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 35: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 36: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 37: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 38: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 39: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 40: memfs.v1.UsageQuery
+	(*TreeUsage)(nil),             // 41: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 42: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 43: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 44: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 45: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 46: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 47: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 48: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 49: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 50: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 51: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 52: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 53: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 54: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 55: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 56: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 57: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 58: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 59: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 60: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 61: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 62: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
 	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
@@ -5145,82 +5446,88 @@ var file_memfs_proto_depIdxs = []int32{
 	3,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
 	3,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
 	24, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	6,  // 17: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 18: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 19: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 20: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 21: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 22: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 23: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	14, // 24: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	15, // 25: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	16, // 26: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	17, // 27: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	18, // 28: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	23, // 29: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	25, // 30: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	13, // 31: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	19, // 32: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	20, // 33: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	21, // 34: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	22, // 35: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	26, // 36: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 37: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 38: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 39: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	38, // 40: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	3,  // 41: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 42: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 43: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 44: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 45: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 46: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 47: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	29, // 48: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	30, // 49: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	31, // 50: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	32, // 51: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	33, // 52: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	34, // 53: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	35, // 54: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	36, // 55: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	37, // 56: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	26, // 57: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	28, // 58: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	39, // 59: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 60: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	28, // 61: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	26, // 62: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	28, // 63: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	46, // 64: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	46, // 65: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 66: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	59, // 67: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	40, // 68: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	42, // 69: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	44, // 70: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	42, // 71: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	47, // 72: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	49, // 73: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	51, // 74: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	53, // 75: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	55, // 76: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	57, // 77: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	41, // 78: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	43, // 79: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	41, // 80: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	45, // 81: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	48, // 82: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	50, // 83: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	52, // 84: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	54, // 85: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	56, // 86: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	58, // 87: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	78, // [78:88] is the sub-list for method output_type
-	68, // [68:78] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	24, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
+	29, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
+	6,  // 19: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	7,  // 20: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	8,  // 21: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	9,  // 22: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	10, // 23: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	11, // 24: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	12, // 25: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	14, // 26: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	15, // 27: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	16, // 28: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	17, // 29: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	18, // 30: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	23, // 31: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	25, // 32: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	13, // 33: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	26, // 34: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	27, // 35: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	28, // 36: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	19, // 37: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	20, // 38: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	21, // 39: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	22, // 40: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	29, // 41: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	2,  // 42: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	4,  // 43: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	5,  // 44: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	41, // 45: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	31, // 46: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	3,  // 47: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 48: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 49: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 50: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 51: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 52: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	3,  // 53: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	32, // 54: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	33, // 55: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	34, // 56: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	35, // 57: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	36, // 58: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	37, // 59: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	38, // 60: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	39, // 61: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	40, // 62: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	29, // 63: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	31, // 64: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	42, // 65: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	1,  // 66: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	31, // 67: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	29, // 68: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	31, // 69: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	49, // 70: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	49, // 71: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	4,  // 72: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	62, // 73: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	43, // 74: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	45, // 75: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	47, // 76: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	45, // 77: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	50, // 78: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	52, // 79: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	54, // 80: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	56, // 81: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	58, // 82: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	60, // 83: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	44, // 84: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	46, // 85: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	44, // 86: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	48, // 87: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	51, // 88: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	53, // 89: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	55, // 90: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	57, // 91: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	59, // 92: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	61, // 93: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	84, // [84:94] is the sub-list for method output_type
+	74, // [74:84] is the sub-list for method input_type
+	74, // [74:74] is the sub-list for extension type_name
+	74, // [74:74] is the sub-list for extension extendee
+	0,  // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -5229,7 +5536,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[24].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[27].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -5245,12 +5552,15 @@ func file_memfs_proto_init() {
 		(*Command_Grant)(nil),
 		(*Command_Release)(nil),
 		(*Command_Mknod)(nil),
+		(*Command_ReserveInodes)(nil),
+		(*Command_Batch)(nil),
+		(*Command_Touch)(nil),
 		(*Command_OpenSession)(nil),
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
 	}
-	file_memfs_proto_msgTypes[37].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[40].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -5267,7 +5577,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   58,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
