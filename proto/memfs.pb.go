@@ -3645,10 +3645,15 @@ func (x *ApplyResponse) GetIndex() uint64 {
 }
 
 type QueryRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Query         *Query                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
-	Consistency   Consistency            `protobuf:"varint,3,opt,name=consistency,proto3,enum=memfs.v1.Consistency" json:"consistency,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Version     uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Query       *Query                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
+	Consistency Consistency            `protobuf:"varint,3,opt,name=consistency,proto3,enum=memfs.v1.Consistency" json:"consistency,omitempty"`
+	// session: the asking client's session, if it has one. A linearizable
+	// read of an inode that another session holds an exclusive capability
+	// on first recalls it (TouchCmd), so that the read sees what that
+	// session buffered; the asker's own capabilities are not recalled.
+	Session       uint64 `protobuf:"varint,4,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3702,6 +3707,13 @@ func (x *QueryRequest) GetConsistency() Consistency {
 		return x.Consistency
 	}
 	return Consistency_LINEARIZABLE
+}
+
+func (x *QueryRequest) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
 }
 
 type QueryResponse struct {
@@ -5213,11 +5225,12 @@ const file_memfs_proto_rawDesc = "" +
 	"\acommand\x18\x02 \x01(\v2\x11.memfs.v1.CommandR\acommand\"O\n" +
 	"\rApplyResponse\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x88\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xa2\x01\n" +
 	"\fQueryRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12%\n" +
 	"\x05query\x18\x02 \x01(\v2\x0f.memfs.v1.QueryR\x05query\x127\n" +
-	"\vconsistency\x18\x03 \x01(\x0e2\x15.memfs.v1.ConsistencyR\vconsistency\"O\n" +
+	"\vconsistency\x18\x03 \x01(\x0e2\x15.memfs.v1.ConsistencyR\vconsistency\x12\x18\n" +
+	"\asession\x18\x04 \x01(\x04R\asession\"O\n" +
 	"\rQueryResponse\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"g\n" +
