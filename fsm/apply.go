@@ -22,6 +22,11 @@ type tx struct {
 	// capabilities never stand in its way.
 	cmdSession uint64
 	capsGone   bool // some capability went away in this entry
+	// stamp is the time the running command sets on the inodes it
+	// changes: the entry's time, or within a batch the command's own
+	// stamp (stampFor). now stays the entry's time, which drives leases
+	// and revocations.
+	stamp int64
 }
 
 func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
@@ -29,6 +34,7 @@ func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
 	t.index = index
 	// Log time never goes back, even if a new leader's clock is behind.
 	t.now = max(t.now, timeNs)
+	t.stamp = t.now
 	if watch {
 		t.ev = &changes{}
 	}
@@ -115,8 +121,8 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 	// refusal would answer that resend. The refused command changed
 	// nothing, so forgetting it cannot apply anything twice.
 	if sess != nil && c.Seq != 0 && r.Errno != uint32(syscall.EREMOTEIO) {
-		if s := t.freshSess[sess.id]; s != nil { // gone if the command ended it
-			s.record(c.Seq, copyResult(r))
+		if s := t.session(sess.id); s != nil { // gone if the command ended it
+			t.sessMut(s).record(c.Seq, copyResult(r))
 		}
 	}
 	return r
@@ -131,7 +137,7 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 	case *pb.Command_Write:
 		return t.write(orEmpty(op.Write), sess)
 	case *pb.Command_Mkdir:
-		return t.mkdir(orEmpty(op.Mkdir))
+		return t.mkdir(orEmpty(op.Mkdir), sess)
 	case *pb.Command_Remove:
 		return t.remove(orEmpty(op.Remove))
 	case *pb.Command_Rename:
@@ -139,9 +145,9 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 	case *pb.Command_SetAttr:
 		return t.setAttr(orEmpty(op.SetAttr), sess)
 	case *pb.Command_Symlink:
-		return t.symlink(orEmpty(op.Symlink))
+		return t.symlink(orEmpty(op.Symlink), sess)
 	case *pb.Command_Mknod:
-		return t.mknod(orEmpty(op.Mknod))
+		return t.mknod(orEmpty(op.Mknod), sess)
 	case *pb.Command_Link:
 		return t.link(orEmpty(op.Link))
 	case *pb.Command_SetXattr:
@@ -154,6 +160,8 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.grantCaps(orEmpty(op.Grant), sess)
 	case *pb.Command_Release:
 		return t.releaseCaps(orEmpty(op.Release), sess)
+	case *pb.Command_ReserveInodes:
+		return t.reserveInodes(orEmpty(op.ReserveInodes), sess)
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")
@@ -178,12 +186,19 @@ func copyResult(r *pb.Result) *pb.Result {
 		Errno: r.Errno, Handle: r.Handle, N: r.N, Session: r.Session,
 		Queued: r.Queued, Message: r.Message, LeaseMs: r.LeaseMs,
 		Epoch: r.Epoch, Refused: slices.Clone(r.Refused), Granted: slices.Clone(r.Granted),
+		FirstIno: r.FirstIno, Failed: r.Failed,
+	}
+	if len(r.Results) > 0 {
+		c.Results = make([]*pb.Result, len(r.Results))
+		for i, x := range r.Results {
+			c.Results[i] = copyResult(x)
+		}
 	}
 	if a := r.Attr; a != nil {
 		c.Attr = &pb.Attr{
 			Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Size: a.Size,
 			AtimeNs: a.AtimeNs, MtimeNs: a.MtimeNs, CtimeNs: a.CtimeNs,
-			Generation: a.Generation, Blocks: a.Blocks,
+			Generation: a.Generation, Blocks: a.Blocks, Rdev: a.Rdev,
 		}
 		if a.Xattrs != nil {
 			c.Attr.Xattrs = proto.Uint32(*a.Xattrs)
@@ -230,8 +245,8 @@ func leaseEnd(now, ms int64) int64 {
 }
 
 // sessMut returns a private copy of session s for this entry to change
-// (its dups slice is its own, so it can grow in place), reusing the copy
-// made earlier in the entry.
+// (its dups and ranges are its own, so they can change in place), reusing
+// the copy made earlier in the entry.
 func (t *tx) sessMut(s *session) *session {
 	if m := t.freshSess[s.id]; m != nil {
 		return m
@@ -239,6 +254,7 @@ func (t *tx) sessMut(s *session) *session {
 	m := new(session)
 	*m = *s
 	m.dups = append(make([]dupRec, 0, len(s.dups)+4), s.dups...)
+	m.ranges = slices.Clone(s.ranges)
 	t.sessions.put(u64key(m.id), m)
 	if t.freshSess == nil {
 		t.freshSess = make(map[uint64]*session)

@@ -63,7 +63,7 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 	}
 	m := t.mut(n)
 	if access {
-		m.atime = t.now // an access is no change of attributes: ctime stays
+		m.atime = t.stamp // an access is no change of attributes: ctime stays
 		return &pb.Result{Attr: m.attr()}, nil
 	}
 	t.setTimesAndOwner(m, x)
@@ -72,9 +72,9 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 		size := uint64(x.Size)
 		t.logical = t.logical - m.size + size
 		m.size = size
-		m.mtime = t.now
+		m.mtime = t.stamp
 	}
-	m.ctime = t.now
+	m.ctime = t.stamp
 	return &pb.Result{Attr: m.attr()}, nil
 }
 
@@ -82,7 +82,7 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 // not later than the last change of data or attributes, or a day old.
 func (t *tx) atimeStale(n *inode) bool {
 	const day = int64(24 * 60 * 60 * 1e9)
-	return n.atime <= n.mtime || n.atime <= n.ctime || t.now-n.atime >= day
+	return n.atime <= n.mtime || n.atime <= n.ctime || t.stamp-n.atime >= day
 }
 
 func (t *tx) setTimesAndOwner(m *inode, x *pb.SetAttrCmd) {
@@ -98,13 +98,13 @@ func (t *tx) setTimesAndOwner(m *inode, x *pb.SetAttrCmd) {
 	}
 	switch {
 	case has(v, pb.SetAttrBit_SET_ATIME_NOW):
-		m.atime = t.now
+		m.atime = t.stamp
 	case has(v, pb.SetAttrBit_SET_ATIME):
 		m.atime = x.AtimeNs
 	}
 	switch {
 	case has(v, pb.SetAttrBit_SET_MTIME_NOW):
-		m.mtime = t.now
+		m.mtime = t.stamp
 	case has(v, pb.SetAttrBit_SET_MTIME):
 		m.mtime = x.MtimeNs
 	}
@@ -206,5 +206,5 @@ func (t *tx) setXattrs(n *inode, xs []xattr) {
 	} else {
 		m.ext = &inodeExt{target: m.target(), xattrs: xs}
 	}
-	m.ctime = t.now
+	m.ctime = t.stamp
 }

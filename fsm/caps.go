@@ -57,8 +57,13 @@ func (s *state) capsOf(ino uint64) []*capab {
 }
 
 func (t *tx) putCap(c *capab) {
-	if _, ok := t.caps.get(pairKey(c.ino, c.session)); !ok {
+	if old, ok := t.caps.get(pairKey(c.ino, c.session)); !ok {
 		t.ncaps++
+	} else if old.excl {
+		t.nexcl--
+	}
+	if c.excl {
+		t.nexcl++
 	}
 	t.caps.put(pairKey(c.ino, c.session), c)
 	if c.revokeAt != 0 && (t.minRevoke == 0 || c.revokeAt < t.minRevoke) {
@@ -67,8 +72,11 @@ func (t *tx) putCap(c *capab) {
 }
 
 func (t *tx) delCap(c *capab) {
-	if _, ok := t.caps.get(pairKey(c.ino, c.session)); ok {
+	if old, ok := t.caps.get(pairKey(c.ino, c.session)); ok {
 		t.ncaps--
+		if old.excl {
+			t.nexcl--
+		}
 		t.caps.del(pairKey(c.ino, c.session))
 		t.capsGone = true
 	}
@@ -199,11 +207,12 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 }
 
 // grantable reports whether ino may be granted: it exists, has a name
-// (an unlinked inode changes no more, but is not worth a capability) and
-// no other session waits for a recall of it.
+// (an unlinked inode changes no more, but is not worth a capability), no
+// other session waits for a recall of it, and no exclusive open waits to
+// truncate it (see open).
 func (t *tx) grantable(ino uint64) bool {
 	n := t.inode(ino)
-	if n == nil || n.nlink == 0 {
+	if n == nil || n.nlink == 0 || t.truncateQueued(ino) {
 		return false
 	}
 	for _, c := range t.capsOf(ino) {
@@ -212,6 +221,21 @@ func (t *tx) grantable(ino uint64) bool {
 		}
 	}
 	return true
+}
+
+// truncateQueued reports whether an exclusive open with O_TRUNC waits in
+// line for ino.
+func (t *tx) truncateQueued(ino uint64) bool {
+	l := t.lock(ino)
+	if l == nil {
+		return false
+	}
+	for _, id := range l.queue {
+		if h := t.handle(id); h != nil && h.flags&oTrunc != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // releaseCaps drops the session's capabilities that x names with their

@@ -263,3 +263,28 @@ func TestExclusiveCapability(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, buf.Bytes(), again.Bytes())
 }
+
+// TestQueuedTruncateKeepsCapabilitiesOff: an exclusive open queued with
+// O_TRUNC truncates when the holder's open ends, in a command of the
+// holder or at its session's expiry, where nothing can wait for a
+// recall. So it waits for every capability on the file to go before it
+// queues, and while it waits none is granted.
+func TestQueuedTruncateKeepsCapabilitiesOff(t *testing.T) {
+	h := newCapHarness(t)
+	h.Must(put("/f", "data"))
+	f := ino(t, h.Harness, "/f")
+	g := h.Must(h.as(h.holder, ft.Grant(false, f)))
+	h.Must(h.as(h.holder, ft.OpenExcl("/f", ft.ORdonly, false)))
+
+	q := h.as(h.other, ft.OpenExcl("/f", ft.ORdwr|ft.OTrunc, true))
+	require.True(t, h.Do(q).Recall, "the holder's capability goes first")
+	h.Must(h.as(h.holder, ft.Release(f, g.Epoch)))
+	r := h.Must(q)
+	require.True(t, r.Queued)
+	require.Equal(t, []uint64{f}, h.Must(h.as(h.holder, ft.Grant(false, f))).Refused)
+	require.Equal(t, []uint64{f}, h.Must(h.as(h.other, ft.Grant(false, f))).Refused)
+
+	h.Must(h.as(h.holder, ft.CloseSession()))
+	require.Zero(t, h.MustQ(ft.Stat("/f")).Attr.Size, "granted, and truncated")
+	require.Equal(t, []uint64{f}, h.Must(h.as(h.other, ft.Grant(false, f))).Granted)
+}

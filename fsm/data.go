@@ -256,7 +256,7 @@ func (t *tx) commitWrite(n *inode, p *plan, off, length uint64) *pb.Result {
 		t.logical += end - m.size
 		m.size = end
 	}
-	m.mtime, m.ctime = t.now, t.now
+	m.mtime, m.ctime = t.stamp, t.stamp
 	return &pb.Result{N: length, Attr: m.attr()}
 }
 
@@ -321,7 +321,7 @@ func (t *tx) writeFile(x *pb.WriteCmd) (*pb.Result, error) {
 	var epoch uint64
 	switch {
 	case n == nil:
-		n = t.newChild(r.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid)
+		n = t.newChild(r.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid, 0)
 		t.addEntry(r.dir, r.name, n)
 		epoch = t.capCreated(r.dir, n)
 	case x.Truncate:
@@ -454,7 +454,7 @@ func (t *tx) truncateToZero(n *inode) *inode {
 	m := t.mut(n)
 	t.logical -= m.size
 	m.size, m.stored = 0, 0
-	m.mtime, m.ctime = t.now, t.now
+	m.mtime, m.ctime = t.stamp, t.stamp
 	return m
 }
 

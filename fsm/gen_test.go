@@ -21,10 +21,15 @@ type logGen struct {
 	handles  []uint64 // ids handed out so far
 	grants   []uint64 // epochs of grants so far
 	seq      map[uint64]uint64
+	reserved map[uint64][]uint64 // session -> first numbers of its reservations
+	inos     []uint64            // inode numbers results have named
 }
 
 func newLogGen(seed uint64) *logGen {
-	return &logGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), time: ft.Start, seq: map[uint64]uint64{}}
+	return &logGen{
+		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), time: ft.Start,
+		seq: map[uint64]uint64{}, reserved: map[uint64][]uint64{},
+	}
 }
 
 var genNames = []string{"a", "b", "c", "d", "e"}
@@ -65,7 +70,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(25) {
+	switch g.rng.IntN(26) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -115,7 +120,7 @@ func (g *logGen) command() *pb.Command {
 	case 21:
 		inos := make([]uint64, 1+g.rng.IntN(4))
 		for i := range inos {
-			inos[i] = 1 + uint64(g.rng.IntN(40))
+			inos[i] = g.ino()
 		}
 		c = ft.Grant(g.rng.IntN(2) == 0, inos...)
 		c.GetGrant().Exclusive = g.rng.IntN(3) == 0
@@ -124,10 +129,12 @@ func (g *logGen) command() *pb.Command {
 		if len(g.grants) > 0 && g.rng.IntN(4) != 0 {
 			epoch = g.grants[g.rng.IntN(len(g.grants))]
 		}
-		c = ft.Release(1+uint64(g.rng.IntN(40)), epoch)
+		c = ft.Release(g.ino(), epoch)
 	case 23:
 		types := []uint32{0o010000, 0o140000, 0o020000, 0o060000, 0, 0o040000}
 		c = ft.Mknod(g.path(), types[g.rng.IntN(len(types))]|uint32(g.rng.IntN(0o10000)), uint64(g.rng.IntN(1<<20)))
+	case 24:
+		c = ft.ReserveInodes(uint32(g.rng.IntN(12)))
 	default:
 		c = ft.Tick()
 	}
@@ -143,7 +150,40 @@ func (g *logGen) command() *pb.Command {
 			c.Ack = c.Seq - uint64(g.rng.IntN(int(c.Seq)))
 		}
 	}
+	g.pickIno(c)
 	return c
+}
+
+// ino returns an inode number that may exist: mostly one a result named
+// (reservations spread the numbers in use).
+func (g *logGen) ino() uint64 {
+	if len(g.inos) > 0 && g.rng.IntN(2) == 0 {
+		return g.inos[g.rng.IntN(len(g.inos))]
+	}
+	return 1 + uint64(g.rng.IntN(40))
+}
+
+// pickIno makes some creating commands name an inode number: mostly one
+// of their session's reservations, sometimes one of another session or
+// one in use.
+func (g *logGen) pickIno(c *pb.Command) {
+	switch c.Op.(type) {
+	case *pb.Command_Open, *pb.Command_Mkdir, *pb.Command_Mknod, *pb.Command_Symlink:
+	default:
+		return
+	}
+	if g.rng.IntN(2) == 0 {
+		return
+	}
+	s := c.Session
+	if g.rng.IntN(8) == 0 && len(g.sessions) > 0 {
+		s = g.sessions[g.rng.IntN(len(g.sessions))]
+	}
+	ino := uint64(1 + g.rng.IntN(60))
+	if rs := g.reserved[s]; len(rs) > 0 && g.rng.IntN(8) != 0 {
+		ino = rs[g.rng.IntN(len(rs))] + uint64(g.rng.IntN(12))
+	}
+	ft.WithIno(c, ino)
 }
 
 // entry returns the next entry: one to four commands, time moving on by
@@ -179,10 +219,17 @@ func (g *logGen) observe(e *pb.Entry, res []*pb.Result) {
 			if r.Epoch != 0 {
 				g.grants = append(g.grants, r.Epoch)
 			}
+		case *pb.Command_ReserveInodes:
+			if r.Errno == 0 {
+				g.reserved[c.Session] = append(g.reserved[c.Session], r.FirstIno)
+			}
 		case *pb.Command_CloseSession:
 			if r.Errno == 0 {
 				g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })
 			}
+		}
+		if r.Errno == 0 && r.Attr != nil && len(g.inos) < 200 {
+			g.inos = append(g.inos, r.Attr.Ino)
 		}
 		if r.Errno == uint32(syscall.ESTALE) && g.rng.IntN(2) == 0 {
 			g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })

@@ -40,6 +40,9 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 			if r.slash {
 				return nil, errf(syscall.EISDIR, "create %s", locString(loc))
 			}
+			if err := checkReserved(sess, x.Ino); err != nil {
+				return nil, err
+			}
 			create = r
 		}
 	} else {
@@ -74,11 +77,20 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 		if err := t.guard(n.ino); err != nil {
 			return nil, err
 		}
+	case queued && flags&oTrunc != 0 && n.isReg():
+		// It truncates when granted, in whatever command or expiry ends
+		// the holder's open, where nothing can wait for a recall: so no
+		// session, its own included, may hold a capability on the file
+		// meanwhile (grantable refuses them until then).
+		if caps := t.capsOf(n.ino); len(caps) > 0 {
+			t.recall(caps)
+			return nil, errRecall
+		}
 	}
 	// Validated: from here on nothing fails.
 	var epoch uint64
 	if n == nil {
-		n = t.newChild(create.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid)
+		n = t.newChild(create.dir, modeReg|x.Mode&modePerm, x.Uid, x.Gid, x.Ino)
 		t.addEntry(create.dir, create.name, n)
 		epoch = t.capCreated(create.dir, n)
 	}

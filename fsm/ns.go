@@ -42,16 +42,22 @@ func (t *tx) own(m *inode) {
 	t.fresh[m.ino] = m
 }
 
-// newInode adds an inode with the next number, born at this log index.
-func (t *tx) newInode(mode, uid, gid uint32) *inode {
+// newInode adds an inode with the next number, born at this log index,
+// or with ino, a number reserved by the command's session (checked by
+// checkReserved), born at its reservation's index.
+func (t *tx) newInode(mode, uid, gid uint32, ino uint64) *inode {
 	n := &inode{
 		ino: t.nextIno, gen: t.index, mode: mode, nlink: 1, uid: uid, gid: gid,
-		atime: t.now, mtime: t.now, ctime: t.now,
+		atime: t.stamp, mtime: t.stamp, ctime: t.stamp,
+	}
+	if gen, ok := t.takeReserved(ino); ok {
+		n.ino, n.gen = ino, gen
+	} else {
+		t.nextIno++
 	}
 	if n.isDir() {
 		n.nlink = 2
 	}
-	t.nextIno++
 	t.ninodes++
 	t.own(n)
 	t.touch(n.ino)
@@ -62,7 +68,7 @@ func (t *tx) newInode(mode, uid, gid uint32) *inode {
 func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.dirents.put(dirKey(dir.ino, name), dent{ino: n.ino, typ: n.mode & modeType})
 	d := t.mut(dir)
-	d.mtime, d.ctime = t.now, t.now
+	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() {
 		d.nlink++
 		if n.parent != d.ino {
@@ -78,7 +84,7 @@ func (t *tx) addEntry(dir *inode, name string, n *inode) {
 func (t *tx) removeEntry(dir *inode, name string, n *inode) {
 	t.dirents.del(dirKey(dir.ino, name))
 	d := t.mut(dir)
-	d.mtime, d.ctime = t.now, t.now
+	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() && d.nlink > 2 {
 		d.nlink--
 	}
@@ -89,7 +95,7 @@ func (t *tx) removeEntry(dir *inode, name string, n *inode) {
 // it is freed.
 func (t *tx) dropLink(n *inode) {
 	n = t.mut(n)
-	n.ctime = t.now
+	n.ctime = t.stamp
 	if n.isDir() || n.nlink == 0 {
 		n.nlink = 0
 	} else {
@@ -134,25 +140,28 @@ func (t *tx) freeInode(n *inode) {
 // the bit too (the BSD rule that Linux applies to such directories).
 // Stripping the bit from a new file of a creator outside the group is
 // the kernel's part, before the request reaches a mount.
-func (t *tx) newChild(dir *inode, mode, uid, gid uint32) *inode {
+func (t *tx) newChild(dir *inode, mode, uid, gid uint32, ino uint64) *inode {
 	if dir.mode&syscall.S_ISGID != 0 {
 		gid = dir.gid
 		if mode&modeType == modeDir {
 			mode |= syscall.S_ISGID
 		}
 	}
-	return t.newInode(mode, uid, gid)
+	return t.newInode(mode, uid, gid, ino)
 }
 
-func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
+func (t *tx) mkdir(x *pb.MkdirCmd, sess *session) (*pb.Result, error) {
 	r, err := t.newEntry(x.Loc, false)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkReserved(sess, x.Ino); err != nil {
 		return nil, err
 	}
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
-	n := t.newChild(r.dir, modeDir|x.Mode&modePerm, x.Uid, x.Gid)
+	n := t.newChild(r.dir, modeDir|x.Mode&modePerm, x.Uid, x.Gid, x.Ino)
 	n.parent = r.dir.ino
 	t.addEntry(r.dir, r.name, n)
 	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
@@ -160,7 +169,7 @@ func (t *tx) mkdir(x *pb.MkdirCmd) (*pb.Result, error) {
 
 // mknod makes a special file, or a regular one when mode has no type or
 // S_IFREG, as mknod(2) does.
-func (t *tx) mknod(x *pb.MknodCmd) (*pb.Result, error) {
+func (t *tx) mknod(x *pb.MknodCmd, sess *session) (*pb.Result, error) {
 	mode := x.Mode
 	switch {
 	case mode&modeType == 0 || mode&modeType == modeReg:
@@ -174,10 +183,13 @@ func (t *tx) mknod(x *pb.MknodCmd) (*pb.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkReserved(sess, x.Ino); err != nil {
+		return nil, err
+	}
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
-	n := t.newChild(r.dir, mode&(modeType|modePerm), x.Uid, x.Gid)
+	n := t.newChild(r.dir, mode&(modeType|modePerm), x.Uid, x.Gid, x.Ino)
 	if n.isDev() {
 		n.size = x.Rdev
 	}
@@ -185,7 +197,7 @@ func (t *tx) mknod(x *pb.MknodCmd) (*pb.Result, error) {
 	return &pb.Result{Attr: t.inode(n.ino).attr(), Epoch: t.capCreated(r.dir, n)}, nil
 }
 
-func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
+func (t *tx) symlink(x *pb.SymlinkCmd, sess *session) (*pb.Result, error) {
 	switch {
 	case x.Target == "":
 		return nil, errf(syscall.ENOENT, "symlink with an empty target")
@@ -198,10 +210,13 @@ func (t *tx) symlink(x *pb.SymlinkCmd) (*pb.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkReserved(sess, x.Ino); err != nil {
+		return nil, err
+	}
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
 	}
-	n := t.newChild(r.dir, modeLnk|0o777, x.Uid, x.Gid)
+	n := t.newChild(r.dir, modeLnk|0o777, x.Uid, x.Gid, x.Ino)
 	n.size = uint64(len(x.Target))
 	n.ext = &inodeExt{target: strings.Clone(x.Target)}
 	t.addEntry(r.dir, r.name, n)
@@ -230,7 +245,7 @@ func (t *tx) link(x *pb.LinkCmd) (*pb.Result, error) {
 	}
 	n := t.mut(src)
 	n.nlink++
-	n.ctime = t.now
+	n.ctime = t.stamp
 	t.addEntry(r.dir, r.name, n)
 	return &pb.Result{Attr: t.inode(n.ino).attr()}, nil
 }
@@ -301,7 +316,7 @@ func (t *tx) rename(x *pb.RenameCmd) (*pb.Result, error) {
 	t.removeEntry(sr.dir, sr.name, s)
 	t.addEntry(dr.dir, dr.name, s)
 	m := t.mut(s)
-	m.ctime = t.now
+	m.ctime = t.stamp
 	return &pb.Result{Attr: m.attr()}, nil
 }
 
@@ -386,7 +401,7 @@ func (c *cloner) copy(n *inode, dir *inode, name string) uint64 {
 		t.addEntry(dir, name, m)
 		return ino
 	}
-	m := t.newInode(n.mode, n.uid, n.gid)
+	m := t.newInode(n.mode, n.uid, n.gid, 0)
 	c.seen[n.ino] = m.ino
 	m.size, m.stored, m.ext = n.size, n.stored, n.ext
 	m.atime, m.mtime = n.atime, n.mtime

@@ -268,6 +268,15 @@ func (rs *restorer) header(d *dec, limit uint64) error {
 
 func (rs *restorer) session(d *dec) error {
 	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s(), floor: d.u()}
+	if d.err == nil && len(d.b) > 0 { // written before reservations existed: none
+		n := d.u()
+		if n == 0 || n > maxRanges {
+			return badSnap("session %d: %d reservations", x.id, n)
+		}
+		for range n {
+			x.ranges = append(x.ranges, inoRange{next: d.u(), end: d.u(), epoch: d.u()})
+		}
+	}
 	if err := d.done(); err != nil {
 		return err
 	}

@@ -19,7 +19,8 @@ import (
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
-//	  'S' session, 'F' handle, 'L' exclusive-open state, 'C' capability,
+//	  'S' session (its inode reservations, when it has any, at the end),
+//	  'F' handle, 'L' exclusive-open state, 'C' capability,
 //	  'U' recorded result
 //	  'I' inode, 'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
@@ -105,7 +106,16 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
 	sw.record(recHeader, e.b, nil)
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
-		sw.record(recSession, e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor).b, nil)
+		e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor)
+		if len(x.ranges) > 0 {
+			// Absent when empty, so a state without reservations writes
+			// what earlier versions wrote.
+			e.u(uint64(len(x.ranges)))
+			for _, r := range x.ranges {
+				e.u(r.next).u(r.end).u(r.epoch)
+			}
+		}
+		sw.record(recSession, e.b, nil)
 		return sw.err != nil
 	})
 	s.handles.root().Walk(func(_ []byte, h *handle) bool {

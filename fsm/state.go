@@ -165,6 +165,10 @@ type session struct {
 	// has been answered, so a copy of one arriving late (held back by the
 	// network, a forward still in flight) is refused, never run again.
 	floor uint64
+	// ranges are the inode numbers reserved for the session and not yet
+	// used (ReserveInodesCmd), oldest first; shared between copies of the
+	// session, so changed only on a clone (tx.takeReserved).
+	ranges []inoRange
 }
 
 // dupRec is one recorded result.
@@ -259,6 +263,7 @@ type state struct {
 	minLease    int64  // no lease ends before this (0: no sessions); derived
 	minRevoke   int64  // no recalled capability is revoked before this (0: none); derived
 	ncaps       uint64 // capabilities held; derived
+	nexcl       uint64 // of them exclusive; derived
 	chunkSize   uint64
 	blocks      *block.Store
 

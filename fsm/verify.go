@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/memoryfs/memfs/fsm/block"
@@ -34,6 +35,9 @@ func verify(s *state) error {
 		return err
 	}
 	if err := verifyCaps(s); err != nil {
+		return err
+	}
+	if err := verifyRanges(s); err != nil {
 		return err
 	}
 	s.commit()
@@ -280,6 +284,9 @@ func verifyCaps(s *state) error {
 			err = badSnap("capability of session %d on %d: epoch %d at index %d", c.session, c.ino, c.epoch, s.index)
 		}
 		s.ncaps++
+		if c.excl {
+			s.nexcl++
+		}
 		if c.revokeAt != 0 && (s.minRevoke == 0 || c.revokeAt < s.minRevoke) {
 			s.minRevoke = c.revokeAt
 		}
@@ -303,4 +310,45 @@ func verifySessions(s *state) error {
 		return err != nil
 	})
 	return err
+}
+
+// verifyRanges checks the sessions' inode reservations: each is a
+// non-empty run of at most maxReserve numbers below nextIno, none of them
+// taken by an inode, made at an index already applied, and no two
+// overlap, so every number a create may name is free and one only.
+func verifyRanges(s *state) error {
+	type owned struct {
+		inoRange
+		session uint64
+	}
+	var all []owned
+	var err error
+	s.sessions.root().Walk(func(_ []byte, x *session) bool {
+		for _, r := range x.ranges {
+			switch {
+			case r.next <= rootIno || r.next >= r.end || r.end-r.next > maxReserve || r.end > s.nextIno:
+				err = badSnap("session %d: reservation [%d, %d) (next inode %d)", x.id, r.next, r.end, s.nextIno)
+			case r.epoch == 0 || r.epoch > s.index:
+				err = badSnap("session %d: reservation [%d, %d) made at %d, index %d", x.id, r.next, r.end, r.epoch, s.index)
+			}
+			all = append(all, owned{r, x.id})
+		}
+		return err != nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(all, func(a, b owned) int { return cmp.Compare(a.next, b.next) })
+	for i, r := range all {
+		if i > 0 && r.next < all[i-1].end {
+			return badSnap("reservations [%d, %d) of session %d and [%d, %d) of session %d overlap",
+				all[i-1].next, all[i-1].end, all[i-1].session, r.next, r.end, r.session)
+		}
+		it := s.inodes.root().Iterator()
+		it.SeekLowerBound(u64key(r.next))
+		if k, _, ok := it.Next(); ok && be.Uint64(k) < r.end {
+			return badSnap("inode %d lies in the unused reservation [%d, %d) of session %d", be.Uint64(k), r.next, r.end, r.session)
+		}
+	}
+	return nil
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // verifyFixture is a state with a directory, a file with data, a symlink,
-// an open handle with an exclusive open, and a recorded result.
+// an open handle with an exclusive open, a recorded result and a
+// reservation of the inode numbers 6 to 15.
 func verifyFixture(t *testing.T) *FSM {
 	f, err := New(Config{ChunkSize: 4096})
 	require.NoError(t, err)
@@ -19,6 +20,7 @@ func verifyFixture(t *testing.T) *FSM {
 		{Session: 1, Seq: 1, Op: &pb.Command_Open{Open: &pb.OpenCmd{Loc: &pb.Loc{Path: "/a/f"}, Flags: oCreat | oRdwr, Exclusive: true}}},
 		{Op: &pb.Command_Write{Write: &pb.WriteCmd{Loc: &pb.Loc{Path: "/a/f"}, Data: []byte("data")}}},
 		{Op: &pb.Command_Symlink{Symlink: &pb.SymlinkCmd{Loc: &pb.Loc{Path: "/s"}, Target: "/a"}}},
+		{Session: 1, Seq: 2, Op: &pb.Command_ReserveInodes{ReserveInodes: &pb.ReserveInodesCmd{Count: 10}}},
 	}
 	for i, r := range f.Apply(1, &pb.Entry{Version: EntryVersion, TimeNs: 1e9, Commands: cmds}) {
 		require.Zero(t, r.Errno, "command %d: %s", i, r.Message)
@@ -32,6 +34,11 @@ func TestVerifyCatchesBrokenInvariants(t *testing.T) {
 		n := *s.inode(ino)
 		fn(&n)
 		s.inodes.put(u64key(ino), &n)
+	}
+	reserve := func(s *state, rs ...inoRange) {
+		x := *s.session(1)
+		x.ranges = rs
+		s.sessions.put(u64key(1), &x)
 	}
 	tests := []struct {
 		name    string
@@ -53,6 +60,13 @@ func TestVerifyCatchesBrokenInvariants(t *testing.T) {
 		{"empty symlink", func(s *state) { edit(s, link, func(n *inode) { n.ext = nil }) }, "target of 0 bytes"},
 		{"root missing", func(s *state) { s.inodes.del(u64key(rootIno)); s.ninodes-- }, "root"},
 		{"inode count", func(s *state) { s.ninodes++ }, "header says"},
+		{"reservation past the counter", func(s *state) { reserve(s, inoRange{next: 6, end: 17, epoch: 1}) }, "next inode 16"},
+		{"reservation used up", func(s *state) { reserve(s, inoRange{next: 16, end: 16, epoch: 1}) }, "reservation [16, 16)"},
+		{"reservation from the future", func(s *state) { reserve(s, inoRange{next: 6, end: 16, epoch: 2}) }, "made at 2"},
+		{"reservations overlap", func(s *state) {
+			reserve(s, inoRange{next: 6, end: 10, epoch: 1}, inoRange{next: 9, end: 16, epoch: 1})
+		}, "overlap"},
+		{"inode in a reservation", func(s *state) { reserve(s, inoRange{next: 5, end: 16, epoch: 1}) }, "inode 5 lies in"},
 		{"directory cycle off the root", func(s *state) {
 			// a holds b; now b also holds a, and nothing holds a.
 			s.dirents.del(dirKey(1, "a"))

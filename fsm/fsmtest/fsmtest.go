@@ -237,6 +237,49 @@ func Release(ino, epoch uint64) *pb.Command {
 
 func Tick() *pb.Command { return &pb.Command{Op: &pb.Command_Tick{Tick: &pb.TickCmd{}}} }
 
+// ReserveInodes reserves count inode numbers for the command's session.
+func ReserveInodes(count uint32) *pb.Command {
+	return &pb.Command{Op: &pb.Command_ReserveInodes{ReserveInodes: &pb.ReserveInodesCmd{Count: count}}}
+}
+
+// WithIno makes the creating command c (open, mkdir, mknod, symlink) take
+// the reserved inode number ino.
+func WithIno(c *pb.Command, ino uint64) *pb.Command {
+	switch op := c.Op.(type) {
+	case *pb.Command_Open:
+		op.Open.Ino = ino
+	case *pb.Command_Mkdir:
+		op.Mkdir.Ino = ino
+	case *pb.Command_Mknod:
+		op.Mknod.Ino = ino
+	case *pb.Command_Symlink:
+		op.Symlink.Ino = ino
+	default:
+		panic("fsmtest.WithIno: not a creating command") // a test bug
+	}
+	return c
+}
+
+// Batch applies cmds as one atomic step, fenced by the capabilities in
+// fences.
+func Batch(fences []*pb.CapRef, cmds ...*pb.Command) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Batch{Batch: &pb.BatchCmd{Fences: fences, Commands: cmds}}}
+}
+
+// Fence names the capability on ino granted at epoch.
+func Fence(ino, epoch uint64) *pb.CapRef { return &pb.CapRef{Ino: ino, Epoch: epoch} }
+
+// Stamped sets when the holder answered c itself (a command in a batch).
+func Stamped(c *pb.Command, ns int64) *pb.Command {
+	c.StampNs = ns
+	return c
+}
+
+// Touch waits until no other session holds an exclusive capability on inos.
+func Touch(inos ...uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Touch{Touch: &pb.TouchCmd{Inos: inos}}}
+}
+
 // Queries.
 
 func Stat(p string) *pb.Query  { return StatLoc(Path(p)) }
