@@ -234,19 +234,69 @@ func (cp *Caps) Expect() func() {
 
 // Adopt records the capability on ino that a command's result granted at
 // epoch (0: none), inside an Expect bracket.
-func (cp *Caps) Adopt(ino, epoch uint64) {
+func (cp *Caps) Adopt(ino, epoch uint64) { cp.adopt(ino, epoch, false) }
+
+// adopt is Adopt for a capability that is exclusive when excl (a create
+// in a directory held exclusively). An inode held pending (HoldPending)
+// that gets none is no longer held.
+func (cp *Caps) adopt(ino, epoch uint64, excl bool) {
+	cp.mu.Lock()
+	if e, ok := cp.held[ino]; ok && e == 0 {
+		delete(cp.held, ino)
+		delete(cp.excl, ino)
+	}
 	if epoch == 0 {
+		cp.mu.Unlock()
 		return
 	}
-	cp.mu.Lock()
 	late := cp.recalled[ino] >= epoch || cp.missedLocked(epoch) || cp.session != cp.c.Session()
 	if !late {
 		cp.held[ino] = epoch
+		if excl {
+			cp.excl[ino] = epoch
+		}
 	}
 	cp.mu.Unlock()
 	if late {
 		cp.giveBack(&pb.CapRef{Ino: ino, Epoch: epoch})
 	}
+}
+
+// HoldPending records an inode this client made under an exclusive
+// capability with an operation not yet committed: nobody else can know of
+// it, so it is held exclusively (epoch 0) until the commit hands the real
+// capability over (or the operation is lost, DropPending).
+func (cp *Caps) HoldPending(ino uint64) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if _, ok := cp.held[ino]; !ok {
+		cp.held[ino] = 0
+		cp.excl[ino] = 0
+	}
+}
+
+// DropPending forgets inodes held pending whose creation was lost.
+func (cp *Caps) DropPending(inos ...uint64) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	for _, ino := range inos {
+		if e, ok := cp.held[ino]; ok && e == 0 {
+			delete(cp.held, ino)
+			delete(cp.excl, ino)
+		}
+	}
+}
+
+// ExclusiveEpoch is the epoch of the exclusive capability held on ino
+// (0 for one held pending); ok is false when none can be trusted now.
+func (cp *Caps) ExclusiveEpoch(ino uint64) (epoch uint64, ok bool) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	e, held := cp.held[ino]
+	if !held || cp.excl[ino] != e || !cp.trustedLocked() {
+		return 0, false
+	}
+	return e, true
 }
 
 // missedLocked reports whether recalls of a capability granted at epoch
@@ -261,7 +311,7 @@ func (cp *Caps) Release(inos ...uint64) {
 	var refs []*pb.CapRef
 	cp.mu.Lock()
 	for _, ino := range inos {
-		if e, ok := cp.held[ino]; ok {
+		if e, ok := cp.held[ino]; ok && e != 0 {
 			delete(cp.held, ino)
 			delete(cp.excl, ino)
 			refs = append(refs, &pb.CapRef{Ino: ino, Epoch: e})
@@ -510,8 +560,17 @@ func (cp *Caps) releaser(ctx context.Context) {
 		}
 		actx, cancel := context.WithTimeout(ctx, cp.c.k.sess.Load().lease)
 		cmd := &pb.Command{Op: &pb.Command_Release{Release: &pb.ReleaseCmd{Caps: refs}}}
+		// Operations answered under these capabilities go first, and none
+		// is admitted meanwhile (Journal.Admit): settleCommand syncs them.
+		j := cp.c.k.journal.Load()
+		if j != nil {
+			j.admit.Lock()
+		}
 		if _, err := cp.c.k.apply(actx, cmd, 0); err != nil && ctx.Err() == nil {
 			cp.c.k.cfg.log.Warn("memfs: releasing capabilities failed", "n", len(refs), "err", err)
+		}
+		if j != nil {
+			j.admit.Unlock()
 		}
 		cancel()
 	}

@@ -38,7 +38,8 @@ type core struct {
 	sessMu sync.Mutex // held while a session is opened, so one opens at a time
 	sess   atomic.Pointer[session]
 
-	caps *Caps // nil unless WithCaps
+	caps    *Caps                   // nil unless WithCaps
+	journal atomic.Pointer[Journal] // nil unless StartJournal
 
 	commands, queries atomic.Int64 // calls made (Client.Calls)
 
@@ -61,6 +62,9 @@ func (k *core) apply(ctx context.Context, cmd *pb.Command, bound uint64) (*pb.Re
 // applyData is apply for a write whose data (when not nil) is streamed
 // through the Write RPC rather than carried in the command.
 func (k *core) applyData(ctx context.Context, cmd *pb.Command, data []byte, bound uint64) (*pb.Result, error) {
+	if err := k.settleCommand(ctx, cmd); err != nil {
+		return nil, err
+	}
 	for renewals := 0; ; renewals++ {
 		s := k.sess.Load()
 		if bound != 0 && bound != s.id {
@@ -179,7 +183,10 @@ func resultOf(r interface{ GetResult() *pb.Result }) *pb.Result {
 
 // query makes the Query RPC with retries.
 func (k *core) query(ctx context.Context, q *pb.Query, o callOpts) (*pb.Result, error) {
-	req := &pb.QueryRequest{Version: pb.Version, Query: q, Consistency: k.cfg.consistency}
+	if err := k.settleQuery(ctx, q); err != nil {
+		return nil, err
+	}
+	req := &pb.QueryRequest{Version: pb.Version, Query: q, Consistency: k.cfg.consistency, Session: k.sess.Load().id}
 	o.leader = k.cfg.consistency == pb.Consistency_LINEARIZABLE
 	k.queries.Add(1)
 	var resp *pb.QueryResponse
@@ -296,9 +303,12 @@ func (k *core) readStream(ctx context.Context, q *pb.ReadQuery, p []byte) (int, 
 	var eof bool
 	var errno *pb.Result
 	o := callOpts{op: "read", bytes: len(p), leader: k.cfg.consistency == pb.Consistency_LINEARIZABLE}
+	if err := k.settleQuery(ctx, &pb.Query{Q: &pb.Query_Read{Read: q}}); err != nil {
+		return 0, false, err
+	}
 	k.queries.Add(1)
 	_, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {
-		req := &pb.QueryRequest{Version: pb.Version, Consistency: k.cfg.consistency, Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{
+		req := &pb.QueryRequest{Version: pb.Version, Consistency: k.cfg.consistency, Session: k.sess.Load().id, Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{
 			Handle: q.Handle, Loc: q.Loc, Offset: q.Offset + int64(n), Length: int64(len(p) - n),
 		}}}}
 		st, err := api.Read(ctx, req)

@@ -39,6 +39,7 @@ var mountFlags struct {
 	binding          string
 	atime            string
 	caps             bool
+	buffered         bool
 }
 
 var mountCmd = &cobra.Command{
@@ -80,6 +81,7 @@ func init() {
 	f.StringVar(&mountFlags.atime, "atime", fuse.AtimeNo, "noatime: reads never move access times; relatime: the first read after a change does, one background command each (docs/fuse.md)")
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
+	f.BoolVar(&mountFlags.buffered, "buffered", false, "answer metadata changes in directories the mount holds exclusively at once and commit them in ordered batches, by fsync, unmount or a recall at the latest (docs/fuse.md); off: every change is committed before it is answered")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -104,6 +106,7 @@ func mountOptions() fuse.Options {
 		DataCache:      dataCacheOption(int64(mountFlags.dataCache)),
 		Binding:        mountFlags.binding,
 		Atime:          mountFlags.atime,
+		Buffered:       mountFlags.buffered,
 	}
 }
 

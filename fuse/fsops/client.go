@@ -40,6 +40,11 @@ type Options struct {
 	// move atime under the relatime rule (atime.go); off, atime moves
 	// only when set explicitly (noatime).
 	Relatime bool
+	// Buffered answers metadata changes in directories the mount holds
+	// exclusively at once and commits them in batches (buffered.go);
+	// it needs a client made WithCaps. Journal bounds the batches.
+	Buffered bool
+	Journal  client.JournalOptions
 }
 
 // ClientOps implements Ops over a MemoryFS client.
@@ -69,6 +74,11 @@ type ClientOps struct {
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
 	byHandle map[uint64]*openFile            // guarded by filesMu
 	attrs    map[uint64]*attrState           // guarded by filesMu: held attribute changes (attrbehind.go)
+
+	// With Options.Buffered: the journal of operations answered here
+	// and not yet committed (buffered.go), nil without.
+	jr   *client.Journal
+	excl exclusiveTries
 }
 
 var _ Ops = (*ClientOps)(nil)
@@ -88,9 +98,16 @@ func New(c *client.Client, opt Options) *ClientOps {
 		byHandle: map[uint64]*openFile{},
 		attrs:    map[uint64]*attrState{},
 	}
+	o.excl.refused = map[uint64]time.Time{}
 	if caps := c.Caps(); caps != nil {
 		o.meta = newMetaCache(caps)
 		caps.OnRecall(o.recalled)
+		if opt.Buffered {
+			if jr, err := c.StartJournal(opt.Journal); err == nil {
+				o.jr = jr
+				jr.OnCommit(o.committedBatch)
+			}
+		}
 	}
 	return o
 }
@@ -203,6 +220,12 @@ func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a At
 	defer guard("setattr", &e)
 	if in.SetSize && in.Size > 1<<62 {
 		return Attr{}, syscall.EFBIG
+	}
+	if a, ok := o.bufSetAttr(ino, in); ok {
+		return a, 0
+	}
+	if isLocal(in.Handle) {
+		in.Handle = o.serverHandle(in.Handle)
 	}
 	if a, ok, e := o.deferSetAttr(ctx, ino, in); ok || e != 0 {
 		return a, e
@@ -325,6 +348,19 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	f := o.openFlags(flags) | syscall.O_CREAT
+	o.wantExclusive(ctx, parent)
+	if a, ok, e := o.bufCreate(ctx, parent, name, newKind{mode: syscall.S_IFREG | mode&0o7777}, c); ok {
+		if e != 0 && (e != syscall.EEXIST || f&syscall.O_EXCL != 0) {
+			return Attr{}, OpenOut{}, e
+		}
+		if e == 0 {
+			h := localBit | o.localNext.Add(1)
+			nf := newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0)
+			nf.journaled.Store(true)
+			o.register(nf)
+			return a, OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
+		}
+	}
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
@@ -435,6 +471,9 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 		if err := f.peekErr(); err != nil {
 			return 0, errnoOf("write", err)
 		}
+		if n, ok := o.bufWrite(f, off, data); ok {
+			return n, 0
+		}
 		if o.collect(f, off, data) {
 			return len(data), 0
 		}
@@ -444,7 +483,7 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 	var err error
 	var pa *pb.Attr
 	start := o.meta.commit(ino)
-	if handle != 0 {
+	if handle != 0 && !isLocal(handle) {
 		n, pa, err = o.c.WriteHandle(ctx, handle, off, data)
 	} else {
 		n, pa, err = o.c.WriteIno(ctx, ino, off, data)
@@ -467,7 +506,13 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 	}
 	o.drain(f)
 	_ = o.commitHeld(f.ino) // a failure is recorded on f
-	return ToErrno(f.takeErr())
+	if err := f.takeErr(); err != nil {
+		return ToErrno(err)
+	}
+	if o.buffering() {
+		return ToErrno(o.jr.TakeErr(f.ino))
+	}
+	return 0
 }
 
 // Fsync implements Ops: it returns once every write to ino acknowledged by
@@ -476,6 +521,9 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
 	defer guard("fsync", &e)
 	o.barrier(ino)
+	if err := o.syncJournal(context.Background(), ino); err != nil {
+		return ToErrno(err)
+	}
 	o.filesMu.Lock()
 	defer o.filesMu.Unlock()
 	for _, f := range o.files[ino] {
@@ -623,6 +671,10 @@ func (o *ClientOps) created(ctx context.Context, op string, res *pb.Result, pare
 // Mkdir implements Ops.
 func (o *ClientOps) Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
 	defer guard("mkdir", &e)
+	o.wantExclusive(ctx, parent)
+	if a, ok, e := o.bufCreate(ctx, parent, name, newKind{mode: syscall.S_IFDIR | mode&0o7777}, c); ok {
+		return a, e
+	}
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
@@ -669,6 +721,10 @@ func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Cal
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
+	o.wantExclusive(ctx, parent)
+	if ok, e := o.bufRemove(parent, name, true); ok {
+		return e
+	}
 	defer o.meta.changes(parent)()
 	_, e = o.do(ctx, "rmdir", &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: true}}})
 	o.removedHere(parent, name, e)
@@ -680,6 +736,10 @@ func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Cal
 func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Caller) (e syscall.Errno) {
 	defer guard("unlink", &e)
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
+		return e
+	}
+	o.wantExclusive(ctx, parent)
+	if ok, e := o.bufRemove(parent, name, false); ok {
 		return e
 	}
 	o.pinEntry(ctx, parent, name)
@@ -699,6 +759,10 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 	if e = o.sticky(ctx, newParent, newName, c); e != 0 {
 		return e
 	}
+	o.wantExclusive(ctx, parent, newParent)
+	if ok, e := o.bufRename(parent, name, newParent, newName); ok {
+		return e
+	}
 	o.pinEntry(ctx, newParent, newName)
 	defer o.meta.changes(parent, newParent)()
 	_, e = o.do(ctx, "rename", &pb.Command{Op: &pb.Command_Rename{Rename: &pb.RenameCmd{
@@ -712,6 +776,10 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 // Symlink implements Ops.
 func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target string, c Caller) (a Attr, e syscall.Errno) {
 	defer guard("symlink", &e)
+	o.wantExclusive(ctx, parent)
+	if a, ok, e := o.bufCreate(ctx, parent, name, newKind{mode: syscall.S_IFLNK | 0o777, target: target}, c); ok {
+		return a, e
+	}
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}

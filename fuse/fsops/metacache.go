@@ -585,3 +585,59 @@ func (o *ClientOps) grantOne(ctx context.Context, ino uint64) {
 		_, _ = o.meta.caps.Grant(ctx, []uint64{ino}, false)
 	}
 }
+
+// localEdit changes the cache for an operation this mount answered
+// itself (buffered.go): what it sets is what the cluster will hold once
+// the operation commits.
+type localEdit struct {
+	c *metaCache
+}
+
+// attr returns ino's cached attributes to change in place, or nil.
+func (l localEdit) attr(ino uint64) *Attr {
+	l.c.dropped[ino] = l.c.clock
+	if e := l.c.m[ino]; e != nil && e.hasAttr {
+		return &e.attr
+	}
+	return nil
+}
+
+// list returns ino's cached listing; the caller checked that there is one.
+func (l localEdit) list(ino uint64) *listing {
+	l.c.dropped[ino] = l.c.clock
+	if e := l.c.m[ino]; e != nil && e.dir != nil {
+		return e.dir
+	}
+	return &listing{byName: map[string]int{}, missing: map[string]struct{}{}}
+}
+
+// put sets a's inode's attributes.
+func (l localEdit) put(a Attr) {
+	l.c.dropped[a.Ino] = l.c.clock
+	e := l.c.entryLocked(a.Ino)
+	if !e.hasAttr {
+		e.xattrs = 0 // a new inode
+	}
+	a.Valid = 0
+	e.attr, e.hasAttr = a, true
+}
+
+// newDir caches the empty listing of a directory just made in parent.
+func (l localEdit) newDir(ino, parent uint64) {
+	l.c.entryLocked(ino).dir = &listing{parent: parent, byName: map[string]int{}, missing: map[string]struct{}{}}
+}
+
+// target caches a new symlink's target.
+func (l localEdit) target(ino uint64, t string) { l.c.entryLocked(ino).target = t }
+
+// drop forgets ino's attributes.
+func (l localEdit) drop(ino uint64) { l.c.forgetAttrLocked(ino) }
+
+// local runs fn on the cache under its lock. Fills begun before it are
+// refused for the inodes fn touches.
+func (c *metaCache) local(fn func(l localEdit)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock++
+	fn(localEdit{c: c})
+}

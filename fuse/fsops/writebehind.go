@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	pb "github.com/memoryfs/memfs/proto"
 )
 
 // Write-behind. The kernel hands a sequential writer's data over in
@@ -67,6 +69,11 @@ type openFile struct {
 	err   error // guarded by errMu: first background commit failure
 
 	ra raState
+
+	// journaled: writes go to the journal (a file made by a buffered
+	// create, while small); jbytes counts what they carried.
+	journaled atomic.Bool
+	jbytes    atomic.Int64
 }
 
 // flightRange is the byte range of one commit in flight; done is closed
@@ -253,7 +260,15 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
 		start := o.meta.commitBy(f.ino, f.handle)
-		n, pa, err := o.c.WriteHandle(ctx, f.handle, off, buf)
+		var n int
+		var pa *pb.Attr
+		var err error
+		if isLocal(f.handle) {
+			// Opened without the cluster (a buffered create): by inode.
+			n, pa, err = o.c.WriteIno(ctx, f.ino, off, buf)
+		} else {
+			n, pa, err = o.c.WriteHandle(ctx, f.handle, off, buf)
+		}
 		// A read window fetched before this commit may hold the old bytes,
 		// and cached attributes the old size and times.
 		o.dropWindowsRange(f.ino, off, off+int64(len(buf)))

@@ -158,6 +158,8 @@ func (f *FS) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.St
 // ReleaseDir implements fuse.RawFileSystem.
 func (f *FS) ReleaseDir(in *fuse.ReleaseIn) { f.dirs.close(in.Fh) }
 
-// FsyncDir implements fuse.RawFileSystem: directory changes are committed
-// before their operations return, so there is nothing to wait for.
-func (f *FS) FsyncDir(<-chan struct{}, *fuse.FsyncIn) fuse.Status { return fuse.OK }
+// FsyncDir implements fuse.RawFileSystem: it returns once the directory's
+// changes, and everything the mount buffered before them, are committed.
+func (f *FS) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	return status(f.ops.Fsync(ctx(), in.NodeId))
+}
