@@ -27,6 +27,12 @@ type tx struct {
 	// stamp (stampFor). now stays the entry's time, which drives leases
 	// and revocations.
 	stamp int64
+	// blog logs block references while a batch runs (batch.go); nil
+	// otherwise.
+	blog *blockLog
+	// recalled lists the capabilities recalled in this entry, so that a
+	// batch rolled back for a recall keeps them recalled.
+	recalled []*capab
 }
 
 func begin(cur *state, index uint64, timeNs int64, watch bool) *tx {
@@ -162,6 +168,8 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.releaseCaps(orEmpty(op.Release), sess)
 	case *pb.Command_ReserveInodes:
 		return t.reserveInodes(orEmpty(op.ReserveInodes), sess)
+	case *pb.Command_Batch:
+		return t.batch(orEmpty(op.Batch), sess)
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")

@@ -120,11 +120,12 @@ func (t *tx) recall(caps []*capab) {
 		r := *c
 		r.revokeAt = leaseEnd(t.now, lease)
 		t.putCap(&r)
-		t.recalled(&r, false)
+		t.recalled = append(t.recalled, &r)
+		t.announce(&r, false)
 	}
 }
 
-func (t *tx) recalled(c *capab, revoked bool) {
+func (t *tx) announce(c *capab, revoked bool) {
 	if t.ev != nil {
 		t.ev.recalls = append(t.ev.recalls, &pb.Recall{Session: c.session, Ino: c.ino, Epoch: c.epoch, Revoked: revoked})
 	}
@@ -280,7 +281,7 @@ func (t *tx) revokeDue() {
 	t.minRevoke = next
 	for _, c := range due {
 		t.delCap(c)
-		t.recalled(c, true)
+		t.announce(c, true)
 	}
 }
 

@@ -116,10 +116,12 @@ func (t *tx) fits(p *plan) error {
 		}
 	}
 	for b, n := range released {
-		if t.blocks.Refs(b) <= n && !newHashes[b.Hash()] {
+		if t.blockRefs(b) <= n && !newHashes[b.Hash()] {
 			free += uint64(b.Len())
 		}
 	}
+	// Releases a running batch put off free their bytes when it ends.
+	free += t.pendingFree(newHashes)
 	if !t.blocks.FitsChange(add, free) {
 		st := t.blocks.Stats()
 		return errf(syscall.ENOSPC, "%d new bytes over the budget (%d of %d used)", add-min(add, free), st.PhysicalBytes, st.Limit)
@@ -138,12 +140,12 @@ func (t *tx) apply(p *plan) int64 {
 		var b *block.Block
 		switch {
 		case op.ref != nil:
-			t.blocks.RefBlock(op.ref)
+			t.refBlock(op.ref)
 			b = op.ref
 		case op.data != nil && op.own:
-			b = t.blocks.Adopt(op.hash, op.data)
+			b = t.adoptBlock(op.hash, op.data)
 		case op.data != nil:
-			b = t.blocks.PutHashed(op.hash, op.data)
+			b = t.putBlock(op.hash, op.data)
 		}
 		if b != nil {
 			t.chunks.put(key, b)
@@ -154,7 +156,7 @@ func (t *tx) apply(p *plan) int64 {
 	}
 	for _, op := range p.ops {
 		if op.old != nil {
-			t.blocks.Release(op.old)
+			t.releaseBlock(op.old)
 		}
 	}
 	return delta

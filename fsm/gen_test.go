@@ -21,14 +21,16 @@ type logGen struct {
 	handles  []uint64 // ids handed out so far
 	grants   []uint64 // epochs of grants so far
 	seq      map[uint64]uint64
-	reserved map[uint64][]uint64 // session -> first numbers of its reservations
-	inos     []uint64            // inode numbers results have named
+	reserved map[uint64][]uint64     // session -> first numbers of its reservations
+	inos     []uint64                // inode numbers results have named
+	excl     map[uint64][]*pb.CapRef // session -> exclusive capabilities granted to it
+	scripts  int                     // batches made by script
 }
 
 func newLogGen(seed uint64) *logGen {
 	return &logGen{
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), time: ft.Start,
-		seq: map[uint64]uint64{}, reserved: map[uint64][]uint64{},
+		seq: map[uint64]uint64{}, reserved: map[uint64][]uint64{}, excl: map[uint64][]*pb.CapRef{},
 	}
 }
 
@@ -70,7 +72,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(26) {
+	switch g.rng.IntN(28) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -135,6 +137,8 @@ func (g *logGen) command() *pb.Command {
 		c = ft.Mknod(g.path(), types[g.rng.IntN(len(types))]|uint32(g.rng.IntN(0o10000)), uint64(g.rng.IntN(1<<20)))
 	case 24:
 		c = ft.ReserveInodes(uint32(g.rng.IntN(12)))
+	case 25, 26:
+		c = ft.Batch(nil) // filled in below, once its session is chosen
 	default:
 		c = ft.Tick()
 	}
@@ -150,8 +154,106 @@ func (g *logGen) command() *pb.Command {
 			c.Ack = c.Seq - uint64(g.rng.IntN(int(c.Seq)))
 		}
 	}
-	g.pickIno(c)
+	if b := c.GetBatch(); b != nil {
+		g.fillBatch(b, c.Session)
+	} else {
+		g.pickIno(c, c.Session)
+	}
 	return c
+}
+
+// fillBatch makes b a batch of session s: a few commands of the kinds a
+// batch takes (now and then one it refuses, or one with a retry identity
+// of its own), stamped within the window or not, fenced by capabilities s
+// holds exclusively, or by none, or by wrong ones.
+func (g *logGen) fillBatch(b *pb.BatchCmd, s uint64) {
+	if g.rng.IntN(3) == 0 {
+		g.scriptBatch(b, s)
+		return
+	}
+	n := 1 + g.rng.IntN(2)
+	if g.rng.IntN(4) == 0 {
+		n += g.rng.IntN(4)
+	}
+	for range n {
+		var c *pb.Command
+		for {
+			seqs := g.seq[s]
+			c = g.command()
+			g.seq[s] = seqs
+			if c.GetBatch() == nil && (g.rng.IntN(40) == 0 || nestable(c)) {
+				break
+			}
+		}
+		if g.rng.IntN(40) != 0 {
+			c.Session, c.Seq, c.Ack = 0, 0, 0
+		}
+		switch g.rng.IntN(4) {
+		case 0:
+		case 1:
+			c.StampNs = g.time - int64(g.rng.IntN(70))*1e9
+		default:
+			c.StampNs = g.time - int64(g.rng.IntN(5000))*1e6
+		}
+		g.pickIno(c, s)
+		b.Commands = append(b.Commands, c)
+	}
+	if held := g.excl[s]; len(held) > 0 && g.rng.IntN(3) != 0 {
+		for range 1 + g.rng.IntN(2) {
+			b.Fences = append(b.Fences, held[g.rng.IntN(len(held))])
+		}
+	}
+	if g.rng.IntN(6) == 0 {
+		b.Fences = append(b.Fences, ft.Fence(g.ino(), uint64(g.rng.IntN(100))))
+	}
+}
+
+// scriptBatch makes b a batch that mostly succeeds, as a mount sends
+// them: a new directory, a file in it with data, a rename, a chmod, and
+// last a random command, which fails often and rolls it all back.
+func (g *logGen) scriptBatch(b *pb.BatchCmd, s uint64) {
+	g.scripts++
+	dir := fmt.Sprintf("/s%d", g.scripts)
+	if g.rng.IntN(3) == 0 {
+		dir = g.path()
+	}
+	w := ft.Write(dir+"/f", 0, g.data())
+	w.GetWrite().Create = true
+	b.Commands = []*pb.Command{
+		ft.Mkdir(dir, 0o755),
+		ft.Open(dir+"/f", ft.OCreat|ft.ORdwr, 0o644),
+		w,
+		ft.Rename(dir+"/f", dir+"/g"),
+		ft.Chmod(dir+"/g", 0o600),
+	}
+	for range g.rng.IntN(2) {
+		for {
+			c := g.command()
+			if nestable(c) {
+				c.Session, c.Seq, c.Ack = 0, 0, 0
+				b.Commands = append(b.Commands, c)
+				break
+			}
+		}
+	}
+	for _, c := range b.Commands {
+		g.pickIno(c, s)
+		c.StampNs = g.time - int64(g.rng.IntN(3000))*1e6
+	}
+	if held := g.excl[s]; len(held) > 0 && g.rng.IntN(2) == 0 {
+		b.Fences = append(b.Fences, held[g.rng.IntN(len(held))])
+	}
+}
+
+// nestable reports whether a batch takes c's operation.
+func nestable(c *pb.Command) bool {
+	switch c.Op.(type) {
+	case *pb.Command_Open, *pb.Command_Close, *pb.Command_Write, *pb.Command_Mkdir,
+		*pb.Command_Remove, *pb.Command_Rename, *pb.Command_SetAttr, *pb.Command_Symlink,
+		*pb.Command_Mknod, *pb.Command_Link, *pb.Command_SetXattr, *pb.Command_RemoveXattr:
+		return true
+	}
+	return false
 }
 
 // ino returns an inode number that may exist: mostly one a result named
@@ -166,7 +268,7 @@ func (g *logGen) ino() uint64 {
 // pickIno makes some creating commands name an inode number: mostly one
 // of their session's reservations, sometimes one of another session or
 // one in use.
-func (g *logGen) pickIno(c *pb.Command) {
+func (g *logGen) pickIno(c *pb.Command, s uint64) {
 	switch c.Op.(type) {
 	case *pb.Command_Open, *pb.Command_Mkdir, *pb.Command_Mknod, *pb.Command_Symlink:
 	default:
@@ -175,7 +277,6 @@ func (g *logGen) pickIno(c *pb.Command) {
 	if g.rng.IntN(2) == 0 {
 		return
 	}
-	s := c.Session
 	if g.rng.IntN(8) == 0 && len(g.sessions) > 0 {
 		s = g.sessions[g.rng.IntN(len(g.sessions))]
 	}
@@ -219,6 +320,11 @@ func (g *logGen) observe(e *pb.Entry, res []*pb.Result) {
 			if r.Epoch != 0 {
 				g.grants = append(g.grants, r.Epoch)
 			}
+			if c.GetGrant().Exclusive && r.Errno == 0 {
+				for _, ino := range r.Granted {
+					g.excl[c.Session] = append(g.excl[c.Session], ft.Fence(ino, r.Epoch))
+				}
+			}
 		case *pb.Command_ReserveInodes:
 			if r.Errno == 0 {
 				g.reserved[c.Session] = append(g.reserved[c.Session], r.FirstIno)
@@ -228,8 +334,13 @@ func (g *logGen) observe(e *pb.Entry, res []*pb.Result) {
 				g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })
 			}
 		}
-		if r.Errno == 0 && r.Attr != nil && len(g.inos) < 200 {
-			g.inos = append(g.inos, r.Attr.Ino)
+		for i, x := range append([]*pb.Result{r}, r.Results...) {
+			if x.Errno == 0 && x.Attr != nil && len(g.inos) < 200 {
+				g.inos = append(g.inos, x.Attr.Ino)
+			}
+			if i > 0 && x.Handle != 0 {
+				g.handles = append(g.handles, x.Handle)
+			}
 		}
 		if r.Errno == uint32(syscall.ESTALE) && g.rng.IntN(2) == 0 {
 			g.sessions = slices.DeleteFunc(g.sessions, func(s uint64) bool { return s == c.Session })

@@ -121,7 +121,7 @@ func (t *tx) freeInode(n *inode) {
 	if len(blocks) > 0 {
 		t.chunks.delPrefix(u64key(n.ino))
 		for _, b := range blocks {
-			t.blocks.Release(b)
+			t.releaseBlock(b)
 		}
 	}
 	if n.isReg() {
@@ -416,7 +416,7 @@ func (c *cloner) copy(n *inode, dir *inode, name string) uint64 {
 			return true
 		})
 		for i, b := range blocks {
-			t.blocks.RefBlock(b)
+			t.refBlock(b)
 			t.chunks.put(pairKey(m.ino, idxs[i]), b)
 		}
 	}
