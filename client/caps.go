@@ -177,10 +177,12 @@ func (cp *Caps) grant(ctx context.Context, g *pb.GrantCmd) ([]uint64, error) {
 			late = append(late, ino) // recalled, or maybe, before this answer came
 			continue
 		}
-		cp.held[ino] = epoch
-		if g.Exclusive {
+		// A capability held exclusively stays exclusive when granted
+		// again, as the cluster keeps it.
+		if e, ok := cp.held[ino]; g.Exclusive || ok && cp.excl[ino] == e {
 			cp.excl[ino] = epoch
 		}
+		cp.held[ino] = epoch
 		granted = append(granted, ino)
 	}
 	cp.mu.Unlock()

@@ -103,6 +103,18 @@ func opName(cmd *pb.Command) string {
 		return "keepalive"
 	case *pb.Command_CloseSession:
 		return "close session"
+	case *pb.Command_Mknod:
+		return "mknod"
+	case *pb.Command_Grant:
+		return "grant"
+	case *pb.Command_Release:
+		return "release"
+	case *pb.Command_ReserveInodes:
+		return "reserve inodes"
+	case *pb.Command_Batch:
+		return "batch"
+	case *pb.Command_Touch:
+		return "touch"
 	}
 	return "command"
 }

@@ -140,9 +140,12 @@ func (j *Journal) Admit() func() {
 	return j.admit.RUnlock
 }
 
-// Append adds an operation; its stamp is now.
+// Append adds an operation. Its command's stamp_ns should be the time the
+// operation was answered with (now when 0).
 func (j *Journal) Append(b Buffered) {
-	b.Cmd.StampNs = time.Now().UnixNano()
+	if b.Cmd.StampNs == 0 {
+		b.Cmd.StampNs = time.Now().UnixNano()
+	}
 	size := sizeOf(b.Cmd)
 	j.mu.Lock()
 	j.ops = append(j.ops, jop{Buffered: b, size: size})

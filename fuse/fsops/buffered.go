@@ -204,7 +204,7 @@ func (o *ClientOps) bufCreate(ctx context.Context, parent uint64, name string, k
 		}
 	})
 	o.capMiss.add(ino)
-	o.jr.Append(client.Buffered{Cmd: cmd, Inos: []uint64{parent, ino}, Fences: fences, Created: ino})
+	o.jr.Append(client.Buffered{Cmd: stamped(cmd, now), Inos: []uint64{parent, ino}, Fences: fences, Created: ino})
 	return a, true, 0
 }
 
@@ -252,7 +252,7 @@ func (o *ClientOps) bufRemove(parent uint64, name string, dir bool) (ok bool, e 
 		l.drop(ent.Ino) // its link count and ctime changed
 	})
 	cmd := &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: dir, FileOnly: !dir}
-	o.jr.Append(client.Buffered{Cmd: &pb.Command{Op: &pb.Command_Remove{Remove: cmd}}, Inos: []uint64{parent, ent.Ino}, Fences: fences})
+	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Remove{Remove: cmd}}, now), Inos: []uint64{parent, ent.Ino}, Fences: fences})
 	return true, 0
 }
 
@@ -335,7 +335,7 @@ func (o *ClientOps) bufRename(parent uint64, name string, newParent uint64, newN
 		inos = append(inos, dst.Ino)
 	}
 	cmd := &pb.RenameCmd{Src: entry(parent, name), Dst: entry(newParent, newName)}
-	o.jr.Append(client.Buffered{Cmd: &pb.Command{Op: &pb.Command_Rename{Rename: cmd}}, Inos: inos, Fences: fences})
+	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Rename{Rename: cmd}}, now), Inos: inos, Fences: fences})
 	return true, 0
 }
 
@@ -390,7 +390,7 @@ func (o *ClientOps) bufSetAttr(ino uint64, in SetAttrIn) (a Attr, ok bool) {
 	}
 	cmd := setAttrCmd(ino, in)
 	cmd.Handle = 0
-	o.jr.Append(client.Buffered{Cmd: &pb.Command{Op: &pb.Command_SetAttr{SetAttr: cmd}}, Inos: []uint64{ino}, Fences: fences})
+	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_SetAttr{SetAttr: cmd}}, now), Inos: []uint64{ino}, Fences: fences})
 	a.Valid = cur.Valid
 	return a, true
 }
@@ -425,7 +425,7 @@ func (o *ClientOps) bufWrite(f *openFile, off int64, data []byte) (n int, ok boo
 		fences = []*pb.CapRef{fence}
 	}
 	cmd := &pb.WriteCmd{Loc: inode(f.ino), Offset: off, Data: slices.Clone(data)}
-	o.jr.Append(client.Buffered{Cmd: &pb.Command{Op: &pb.Command_Write{Write: cmd}}, Inos: []uint64{f.ino}, Fences: fences})
+	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Write{Write: cmd}}, now), Inos: []uint64{f.ino}, Fences: fences})
 	return len(data), true
 }
 
@@ -476,4 +476,11 @@ func (o *ClientOps) committedBatch(ops []client.Buffered, res []*pb.Result, err 
 			r.InvalidateAll()
 		}
 	}()
+}
+
+// stamped gives cmd the time the mount answered it with, which the cluster
+// then sets.
+func stamped(cmd *pb.Command, now time.Time) *pb.Command {
+	cmd.StampNs = now.UnixNano()
+	return cmd
 }

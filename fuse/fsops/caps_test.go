@@ -18,6 +18,12 @@ import (
 // long enough that no keepalive falls inside a test's counting).
 func newCapOps(t *testing.T) (*ClientOps, *client.Client, *client.Client) {
 	t.Helper()
+	return newCapOpsWith(t, Options{})
+}
+
+// newCapOpsWith is newCapOps with opt.
+func newCapOpsWith(t *testing.T, opt Options) (*ClientOps, *client.Client, *client.Client) {
+	t.Helper()
 	cl := server.StartCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -27,7 +33,7 @@ func newCapOps(t *testing.T) (*ClientOps, *client.Client, *client.Client) {
 	other, err := client.New(ctx, cl.APIAddrs())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = other.Close() })
-	return New(c, Options{}), c, other
+	return New(c, opt), c, other
 }
 
 // TestCapsAnswerLocally: once a directory was read under capabilities,
