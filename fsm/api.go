@@ -72,6 +72,9 @@ type Applier interface {
 	// a recall may pass (caps.go).
 	CapsReleased() <-chan struct{}
 	NextRevoke() int64
+	// BufferedBy tells a node which inodes a linearizable read must wait
+	// for (a TouchCmd) before it is answered (touch.go).
+	BufferedBy(q *pb.Query, session uint64) []uint64
 }
 
 // Snapshot is a captured, immutable state; WriteTo may run concurrently

@@ -170,6 +170,8 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.reserveInodes(orEmpty(op.ReserveInodes), sess)
 	case *pb.Command_Batch:
 		return t.batch(orEmpty(op.Batch), sess)
+	case *pb.Command_Touch:
+		return t.touchCmd(orEmpty(op.Touch))
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")

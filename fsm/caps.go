@@ -110,8 +110,8 @@ func (t *tx) guard(inos ...uint64) error {
 // cluster takes those not given back: the holder's lease from now.
 func (t *tx) recall(caps []*capab) {
 	for _, c := range caps {
-		if c.revokeAt != 0 {
-			continue // recalled before
+		if cur, ok := t.caps.get(pairKey(c.ino, c.session)); !ok || cur.revokeAt != 0 {
+			continue // recalled before (maybe named twice in caps)
 		}
 		lease := int64(defaultLeaseMs)
 		if s := t.session(c.session); s != nil {

@@ -72,7 +72,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(28) {
+	switch g.rng.IntN(29) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -139,6 +139,8 @@ func (g *logGen) command() *pb.Command {
 		c = ft.ReserveInodes(uint32(g.rng.IntN(12)))
 	case 25, 26:
 		c = ft.Batch(nil) // filled in below, once its session is chosen
+	case 27:
+		c = ft.Touch(g.ino(), g.ino())
 	default:
 		c = ft.Tick()
 	}

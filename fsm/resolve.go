@@ -20,10 +20,13 @@ type resolved struct {
 // resolve finds loc. follow makes a symlink in the last component lead to
 // its target; intermediate symlinks are always followed.
 func (s *state) resolve(loc *pb.Loc, follow bool) (resolved, error) {
+	return s.resolveWith(&walker{s: s}, loc, follow)
+}
+
+func (s *state) resolveWith(w *walker, loc *pb.Loc, follow bool) (resolved, error) {
 	if loc == nil {
 		return resolved{}, errf(syscall.EINVAL, "no location given")
 	}
-	w := walker{s: s}
 	switch {
 	case loc.Path != "":
 		p := loc.Path
@@ -176,6 +179,9 @@ func utoa(n uint64) string {
 type walker struct {
 	s     *state
 	links int
+	// seen, when set, collects every directory looked in and every
+	// symlink followed: what the resolution read.
+	seen *[]uint64
 }
 
 // walk resolves p from start (from the root when p is absolute).
@@ -238,6 +244,9 @@ func (w *walker) walk(start *inode, p string, follow bool) (resolved, error) {
 
 // step looks up one component in directory dir; nil when absent.
 func (w *walker) step(dir *inode, comp string) (*inode, error) {
+	if w.seen != nil {
+		*w.seen = append(*w.seen, dir.ino)
+	}
 	switch comp {
 	case ".":
 		return dir, nil
@@ -265,6 +274,9 @@ func (w *walker) step(dir *inode, comp string) (*inode, error) {
 // follow resolves symlink link found in directory dir.
 func (w *walker) follow(dir, link *inode) (resolved, error) {
 	w.links++
+	if w.seen != nil {
+		*w.seen = append(*w.seen, link.ino)
+	}
 	if w.links > maxSymlinks {
 		return resolved{}, errf(syscall.ELOOP, "more than %d symlinks", maxSymlinks)
 	}

@@ -104,6 +104,11 @@ func TestRejectsBadRequests(t *testing.T) {
 				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: summedWrite()})
 				return err
 			}, codes.InvalidArgument, "sums"},
+			{"batch with sums", func() error {
+				b := &pb.Command{Op: &pb.Command_Batch{Batch: &pb.BatchCmd{Commands: []*pb.Command{summedWrite()}}}}
+				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: b})
+				return err
+			}, codes.InvalidArgument, "sums"},
 			{"write stream with sums", func() error {
 				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: summedWrite()})
 			}, codes.InvalidArgument, "sums"},

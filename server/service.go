@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -30,7 +31,12 @@ func (s *service) Apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyRes
 	if err := checkCommand(req.GetCommand()); err != nil {
 		return nil, err
 	}
-	n := s.n
+	return s.n.apply(ctx, req)
+}
+
+// apply commits a checked command: on the leader through submit, which
+// waits through recalls; on a follower by forwarding it to the leader.
+func (n *Node) apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyResponse, error) {
 	if !n.IsLeader() {
 		cli, err := n.leaderClient(ctx)
 		if err != nil {
@@ -59,6 +65,11 @@ func checkCommand(c *pb.Command) error {
 		// Replicas trust sums as the hashes of the data: only the leader,
 		// which computed them, may put them in the log.
 		return badRequest("write carries sums, which only the leader sets")
+	}
+	for _, nc := range c.GetBatch().GetCommands() {
+		if len(nc.GetWrite().GetSums()) > 0 {
+			return badRequest("a write in the batch carries sums, which only the leader sets")
+		}
 	}
 	return nil
 }
@@ -95,6 +106,9 @@ func (s *service) Query(ctx context.Context, req *pb.QueryRequest) (*pb.QueryRes
 		var tr metadata.MD
 		resp, err := cli.Query(forwardContext(ctx), req, grpc.Trailer(&tr))
 		return resp, n.forwardErr(ctx, err, tr)
+	}
+	if err := n.touchBuffered(ctx, req); err != nil {
+		return nil, err
 	}
 	res, err := n.queryLocal(ctx, req)
 	if err != nil {
@@ -160,6 +174,68 @@ func (n *Node) readBarrier(ctx context.Context) error {
 	return n.rfsm.waitApplied(ctx, idx)
 }
 
+// touchBuffered waits, before a linearizable read is answered here, until
+// no other session holds an exclusive capability on what the read covers
+// (fsm.BufferedBy): such a holder may have acknowledged changes it has not
+// sent. It applies a TouchCmd naming those inodes, which the state
+// machine refuses for a recall until the holder has released them (after
+// sending what it buffered) or lost them, and then waits until this node
+// has applied it. Inodes the read reaches only through what the holder
+// sent are looked at again; one already touched is not waited for twice,
+// since a holder that took it back after the touch has acknowledged
+// nothing the read must see.
+func (n *Node) touchBuffered(ctx context.Context, req *pb.QueryRequest) error {
+	if req.Consistency != pb.Consistency_LINEARIZABLE {
+		return nil
+	}
+	var touched map[uint64]bool
+	for {
+		var inos []uint64
+		for _, ino := range n.fsm.BufferedBy(req.Query, req.Session) {
+			if !touched[ino] {
+				inos = append(inos, ino)
+			}
+		}
+		if len(inos) == 0 {
+			return nil
+		}
+		resp, err := n.touch(ctx, req.Session, inos)
+		if err != nil {
+			return err
+		}
+		if err := n.rfsm.waitApplied(ctx, resp.Index); err != nil {
+			return n.localErr(ctx, err)
+		}
+		if touched == nil {
+			touched = make(map[uint64]bool)
+		}
+		for _, ino := range inos {
+			touched[ino] = true
+		}
+	}
+}
+
+// touch applies a TouchCmd of session for inos. A session the state
+// machine does not know (a client whose session expired, or one that
+// named none) must not fail the read: the touch is then made without one.
+func (n *Node) touch(ctx context.Context, session uint64, inos []uint64) (*pb.ApplyResponse, error) {
+	cmd := func(s uint64) *pb.ApplyRequest {
+		return &pb.ApplyRequest{Version: pb.Version, Command: &pb.Command{
+			Session: s, Op: &pb.Command_Touch{Touch: &pb.TouchCmd{Inos: inos}}}}
+	}
+	resp, err := n.apply(ctx, cmd(session))
+	if err == nil && session != 0 && resp.GetResult().GetErrno() == uint32(syscall.ESTALE) {
+		resp, err = n.apply(ctx, cmd(0))
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e := resp.GetResult().GetErrno(); e != 0 {
+		return nil, status.Errorf(codes.Internal, "touch of %d inodes before a read: %s (errno %d)", len(inos), resp.Result.Message, e)
+	}
+	return resp, nil
+}
+
 // queryLocal answers from this node's state. A HandleQuery with wait
 // long-polls until the handle is no longer queued.
 func (n *Node) queryLocal(ctx context.Context, req *pb.QueryRequest) (*pb.Result, error) {
@@ -205,6 +281,9 @@ func (s *service) Read(req *pb.QueryRequest, stream grpc.ServerStreamingServer[p
 	}
 	if !local {
 		return n.forwardRead(ctx, req, stream)
+	}
+	if err := n.touchBuffered(ctx, req); err != nil {
+		return err
 	}
 	res, err := n.queryLocal(ctx, req)
 	if err != nil {
