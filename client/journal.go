@@ -475,8 +475,10 @@ func (k *core) settleCommand(ctx context.Context, cmd *pb.Command) error {
 	return j.Sync(ctx)
 }
 
-// settleQuery waits for the journal before a read of an inode an
-// operation not yet committed names.
+// settleQuery waits for the journal before a read that may see what an
+// operation not yet committed changes: one naming such an inode by number,
+// and any that finds an inode by name (the name may lead to one) or lists
+// attributes.
 func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 	j := k.journal.Load()
 	if j == nil || !j.Pending() {
@@ -492,6 +494,9 @@ func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 		}
 		loc = x.Read.GetLoc()
 	case *pb.Query_ReadDir:
+		if x.ReadDir.GetPlus() {
+			return j.Sync(ctx)
+		}
 		loc = x.ReadDir.GetLoc()
 	case *pb.Query_Readlink:
 		loc = x.Readlink.GetLoc()
@@ -502,11 +507,7 @@ func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 	case *pb.Query_Handle:
 		return nil
 	}
-	switch {
-	case loc == nil || loc.GetPath() != "":
-	case loc.GetName() != "" && !j.Touches(loc.GetParent()):
-		return nil
-	case loc.GetName() == "" && !j.Touches(loc.GetIno()):
+	if loc != nil && loc.GetPath() == "" && loc.GetName() == "" && !j.Touches(loc.GetIno()) {
 		return nil
 	}
 	return j.Sync(ctx)

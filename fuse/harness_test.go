@@ -48,6 +48,11 @@ var testBinding = os.Getenv("MEMFS_FUSE_BINDING")
 // does by default: MEMFS_FUSE_CAPS=off mounts without.
 var testCaps = os.Getenv("MEMFS_FUSE_CAPS") != "off"
 
+// testBuffered says whether test mounts buffer metadata (Options.Buffered)
+// unless a test says: MEMFS_FUSE_BUFFERED=on (scripts/test.sh runs the
+// package once so).
+var testBuffered = os.Getenv("MEMFS_FUSE_BUFFERED") == "on"
+
 // mountOn mounts the cluster reachable at addrs on a new directory with its
 // own client, and unmounts it at cleanup (tearing the connection down by
 // force if a hung request keeps it busy).
@@ -64,6 +69,7 @@ func mountOn(t *testing.T, addrs []string, opt Options) *MountPoint {
 	if opt.Binding == "" {
 		opt.Binding = testBinding
 	}
+	opt.Buffered = opt.Buffered || testBuffered && testCaps
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Mount(ctx, c, t.TempDir(), opt)

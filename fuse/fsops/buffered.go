@@ -409,7 +409,9 @@ func (o *ClientOps) bufWrite(f *openFile, off int64, data []byte) (n int, ok boo
 	if f.append {
 		off = int64(cur.Size)
 	}
-	if !held || !cached || f.jbytes.Add(int64(len(data))) > jrFileBytes {
+	// A write past the end leaves a hole, which the cluster does not
+	// store: the blocks it reports are its business.
+	if !held || !cached || off > int64(cur.Size) || f.jbytes.Add(int64(len(data))) > jrFileBytes {
 		f.journaled.Store(false)
 		return 0, false
 	}
@@ -452,11 +454,16 @@ func (o *ClientOps) syncJournal(ctx context.Context, ino uint64) error {
 func (o *ClientOps) committedBatch(ops []client.Buffered, res []*pb.Result, err error) {
 	var lost []uint64
 	for i, op := range ops {
-		if err != nil || res[i].GetErrno() != 0 {
-			lost = append(lost, op.Inos...)
-			if op.Created != 0 {
-				o.meta.caps.DropPending(op.Created)
-			}
+		if err == nil && res[i].GetErrno() == 0 {
+			// What the mount answered, unless it changed the inode again
+			// since (a later change time wins): the blocks stored, and
+			// anything the answer could not know.
+			o.meta.update(res[i].GetAttr())
+			continue
+		}
+		lost = append(lost, op.Inos...)
+		if op.Created != 0 {
+			o.meta.caps.DropPending(op.Created)
 		}
 	}
 	if len(lost) == 0 {

@@ -641,3 +641,17 @@ func (c *metaCache) local(fn func(l localEdit)) {
 	c.clock++
 	fn(localEdit{c: c})
 }
+
+// update keeps a, a committed result of an operation this mount answered
+// itself, for an inode whose attributes are cached, unless they are newer
+// (setAttrLocked's rule).
+func (c *metaCache) update(a *pb.Attr) {
+	if c == nil || a == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.m[a.GetIno()]; e != nil && e.hasAttr {
+		c.setAttrLocked(a)
+	}
+}

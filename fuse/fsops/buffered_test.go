@@ -1,0 +1,147 @@
+package fsops
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/client"
+)
+
+// newBufOps is newCapOps with buffered metadata; batches leave only when
+// synced or recalled (or when full), so that a test sees what is buffered.
+func newBufOps(t *testing.T) (*ClientOps, *client.Client, *client.Client) {
+	t.Helper()
+	ops, c, other := newCapOpsWith(t, Options{Buffered: true, Journal: client.JournalOptions{MaxAge: time.Hour}})
+	require.NotNil(t, ops.jr)
+	return ops, c, other
+}
+
+// TestBufferedTreeAnsweredLocally: in a directory the mount holds
+// exclusively, creates, writes of new files, setattrs, mkdir, symlink,
+// rename, unlink and rmdir are answered without a call to the cluster,
+// and the mount's own view is right meanwhile; another client's read of
+// the directory recalls the capability and sees every one of them.
+func TestBufferedTreeAnsweredLocally(t *testing.T) {
+	ops, c, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	// The first change in t takes its exclusive capability and listing.
+	_, e = ops.Mkdir(ctx, d.Ino, "warm", 0o755, root)
+	require.Zero(t, e)
+
+	before := c.Calls()
+	mtime := time.Unix(1_000_000, 0)
+	for i := range 20 {
+		a, out, e := ops.Create(ctx, d.Ino, fmt.Sprintf("f%d", i), syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+		require.Zero(t, e)
+		n, e := ops.Write(ctx, a.Ino, out.Handle, 0, []byte(fmt.Sprintf("hello %d", i)))
+		require.Zero(t, e)
+		require.Equal(t, 6+len(fmt.Sprint(i)), n)
+		_, e = ops.SetAttr(ctx, a.Ino, SetAttrIn{SetMode: true, Mode: 0o600, SetMtime: true, Mtime: mtime})
+		require.Zero(t, e)
+		require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+		require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	}
+	_, _, e = ops.Create(ctx, d.Ino, "f3", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Equal(t, syscall.EEXIST, e)
+	sub, e := ops.Mkdir(ctx, d.Ino, "sub", 0o755, root)
+	require.Zero(t, e)
+	_, e = ops.Symlink(ctx, sub.Ino, "link", "../f0", root)
+	require.Zero(t, e)
+	require.Zero(t, ops.Rename(ctx, d.Ino, "f0", d.Ino, "g0", root))
+	require.Zero(t, ops.Rename(ctx, d.Ino, "f2", d.Ino, "f4", root)) // replaces f4
+	require.Zero(t, ops.Unlink(ctx, d.Ino, "f1", root))
+	require.Equal(t, syscall.ENOENT, ops.Unlink(ctx, d.Ino, "f1", root))
+	require.Equal(t, syscall.ENOTEMPTY, ops.Rmdir(ctx, d.Ino, "sub", root))
+	require.Zero(t, ops.Rmdir(ctx, d.Ino, "warm", root))
+
+	// The mount's own answers, from its state.
+	a, e := ops.Lookup(ctx, d.Ino, "f4")
+	require.Zero(t, e)
+	require.EqualValues(t, len("hello 2"), a.Size)
+	require.EqualValues(t, 0o600, a.Mode&0o7777)
+	require.True(t, a.Mtime.Equal(mtime))
+	_, e = ops.Lookup(ctx, d.Ino, "f1")
+	require.Equal(t, syscall.ENOENT, e)
+	ents, e := ops.ReadDir(ctx, d.Ino)
+	require.Zero(t, e)
+	require.Len(t, ents, 2+18+1) // . .. f3 f4..f19 g0 sub
+
+	after := c.Calls()
+	// A reservation of inode numbers may be refilled meanwhile.
+	require.LessOrEqual(t, after.Commands-before.Commands, int64(2), "commands sent while buffering")
+	require.Zero(t, after.Queries-before.Queries, "queries sent while buffering")
+	batches, _, _ := ops.jr.Stats()
+	require.Zero(t, batches)
+
+	// Another client: its read recalls t, which sends the journal first.
+	infos, err := other.ReadDir("/t")
+	require.NoError(t, err)
+	var names []string
+	for _, fi := range infos {
+		names = append(names, fi.Name())
+	}
+	want := []string{"g0", "sub"}
+	for i := 3; i < 20; i++ {
+		want = append(want, fmt.Sprintf("f%d", i))
+	}
+	slices.Sort(want)
+	require.Equal(t, want, names)
+	data, err := other.ReadFile("/t/f4")
+	require.NoError(t, err)
+	require.Equal(t, "hello 2", string(data))
+	fi, err := other.Lstat("/t/f7")
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o600), fi.Mode().Perm())
+	require.True(t, fi.ModTime().Equal(mtime))
+	target, err := other.Readlink("/t/sub/link")
+	require.NoError(t, err)
+	require.Equal(t, "../f0", target)
+	_, committed, failed := ops.jr.Stats()
+	require.Zero(t, failed)
+	require.NotZero(t, committed)
+
+	// After the recall the mount answers from the cluster, and still right.
+	a, e = ops.Lookup(ctx, d.Ino, "g0")
+	require.Zero(t, e)
+	require.EqualValues(t, len("hello 0"), a.Size)
+}
+
+// TestBufferedFsyncCommits: fsync returns once everything buffered before
+// it is committed, and a new file's times are the ones the mount answered.
+func TestBufferedFsyncCommits(t *testing.T) {
+	ops, _, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	_, e = ops.Mkdir(ctx, d.Ino, "warm", 0o755, root)
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_RDWR|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("data"))
+	require.Zero(t, e)
+	a, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	batches, _, _ := ops.jr.Stats()
+	require.Zero(t, batches)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	require.False(t, ops.jr.Pending())
+	// Read through the mount after the commit: the cluster's bytes.
+	buf := make([]byte, 16)
+	n, e := ops.Read(ctx, a.Ino, out.Handle, 0, buf)
+	require.Zero(t, e)
+	require.Equal(t, "data", string(buf[:n]))
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	fi, err := other.Stat("/t/f")
+	require.NoError(t, err)
+	require.EqualValues(t, 4, fi.Size())
+	require.True(t, fi.ModTime().Equal(a.Mtime), "mtime %v, answered %v", fi.ModTime(), a.Mtime)
+}
