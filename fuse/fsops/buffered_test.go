@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/server"
 )
 
 // newBufOps is newCapOps with buffered metadata; batches leave only when
@@ -144,4 +145,53 @@ func TestBufferedFsyncCommits(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 4, fi.Size())
 	require.True(t, fi.ModTime().Equal(a.Mtime), "mtime %v, answered %v", fi.ModTime(), a.Mtime)
+}
+
+// TestBufferedLossReported: a buffered write the cluster refuses at
+// commit (past its memory budget) is lost alone, the operations around it
+// are kept, its file's fsync reports the errno, and the mount's later
+// answers are the cluster's.
+func TestBufferedLossReported(t *testing.T) {
+	cl := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, c *server.Config) { c.MemoryLimit = 384 << 10 }))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cl.APIAddrs(), client.WithCaps(), client.WithLease(60*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	ops := New(c, Options{Buffered: true, Journal: client.JournalOptions{MaxAge: time.Hour}})
+
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	chunk := make([]byte, 64<<10)
+	inos := map[string]uint64{}
+	for i, name := range []string{"a", "b", "c"} {
+		a, out, e := ops.Create(ctx, d.Ino, name, syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+		require.Zero(t, e)
+		inos[name] = a.Ino
+		for off := 0; off < 192<<10; off += len(chunk) {
+			chunk[0] = byte(i) // no two chunks alike: dedup would store them once
+			chunk[1] = byte(off >> 16)
+			_, e = ops.Write(ctx, a.Ino, out.Handle, int64(off), chunk)
+			require.Zero(t, e)
+		}
+		require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	}
+	_, e = ops.Mkdir(ctx, d.Ino, "after", 0o755, root)
+	require.Zero(t, e)
+	batches, _, _ := ops.jr.Stats()
+	require.Zero(t, batches)
+
+	require.Equal(t, syscall.ENOSPC, ops.Fsync(ctx, inos["c"]))
+	require.Zero(t, ops.Fsync(ctx, inos["a"]), "reported once, for its own file")
+	_, committed, failed := ops.jr.Stats()
+	require.NotZero(t, failed)
+	require.NotZero(t, committed)
+	a, e := ops.Lookup(ctx, d.Ino, "a")
+	require.Zero(t, e)
+	require.EqualValues(t, 192<<10, a.Size)
+	cAttr, e := ops.Lookup(ctx, d.Ino, "c")
+	require.Zero(t, e)
+	require.Less(t, cAttr.Size, uint64(192<<10), "the refused write is not in the mount's answer")
+	_, e = ops.Lookup(ctx, d.Ino, "after")
+	require.Zero(t, e, "operations after the refused one are kept")
 }
