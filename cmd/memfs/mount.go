@@ -40,6 +40,7 @@ var mountFlags struct {
 	atime            string
 	caps             bool
 	buffered         bool
+	lease            time.Duration
 }
 
 var mountCmd = &cobra.Command{
@@ -81,6 +82,7 @@ func init() {
 	f.StringVar(&mountFlags.atime, "atime", fuse.AtimeNo, "noatime: reads never move access times; relatime: the first read after a change does, one background command each (docs/fuse.md)")
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
+	f.DurationVar(&mountFlags.lease, "lease", 0, "the mount's session lease: how long a mount that died or was cut off keeps other clients waiting for its capabilities (0: the client's default, 10s)")
 	f.BoolVar(&mountFlags.buffered, "buffered", false, "answer metadata changes in directories the mount holds exclusively at once and commit them in ordered batches, by fsync, unmount or a recall at the latest (docs/fuse.md); off: every change is committed before it is answered")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
@@ -209,6 +211,9 @@ func mountCluster(ctx context.Context, cmd *cobra.Command, dir string, opt fuse.
 	var copts []client.Option
 	if mountFlags.caps {
 		copts = append(copts, client.WithCaps())
+	}
+	if mountFlags.lease > 0 {
+		copts = append(copts, client.WithLease(mountFlags.lease))
 	}
 	c, err := newClient(cmd, copts...)
 	if err != nil {
