@@ -55,6 +55,21 @@ type exclusiveTries struct {
 // buffering reports whether operations may be buffered at all.
 func (o *ClientOps) buffering() bool { return o.jr != nil }
 
+// settleBehind commits what write-behind and attribute-behind hold before
+// an operation is journaled: they were acknowledged first, and the
+// cluster must never hold the later operation without them.
+func (o *ClientOps) settleBehind() {
+	o.filesMu.Lock()
+	held := len(o.attrs) > 0
+	o.filesMu.Unlock()
+	if o.unsent.Load() == 0 && !held {
+		return
+	}
+	for ino := range o.dirtyInodes() {
+		o.barrier(ino)
+	}
+}
+
 // fence is the capability an operation relies on for ino, or ok false
 // when ino is not held exclusively.
 func (o *ClientOps) fence(ino uint64) (ref *pb.CapRef, ok bool) {
@@ -152,6 +167,7 @@ func (o *ClientOps) bufCreate(ctx context.Context, parent uint64, name string, k
 	if !o.buffering() || len(name) > maxNameLen {
 		return Attr{}, false, 0
 	}
+	o.settleBehind()
 	release := o.jr.Admit()
 	defer release()
 	dir, ready := o.bufReady(parent)
@@ -213,6 +229,7 @@ func (o *ClientOps) bufRemove(parent uint64, name string, dir bool) (ok bool, e 
 	if !o.buffering() {
 		return false, 0
 	}
+	o.settleBehind()
 	release := o.jr.Admit()
 	defer release()
 	if _, ready := o.bufReady(parent); !ready {
@@ -264,6 +281,7 @@ func (o *ClientOps) bufRename(parent uint64, name string, newParent uint64, newN
 	if !o.buffering() || len(newName) > maxNameLen {
 		return false, 0
 	}
+	o.settleBehind()
 	release := o.jr.Admit()
 	defer release()
 	if _, ready := o.bufReady(parent); !ready {
@@ -345,9 +363,7 @@ func (o *ClientOps) bufSetAttr(ino uint64, in SetAttrIn) (a Attr, ok bool) {
 	if !o.buffering() || in.SetSize || in.Handle != 0 && !isLocal(in.Handle) {
 		return Attr{}, false
 	}
-	if o.dirty(ino) {
-		return Attr{}, false // collected writes would land after it and move mtime
-	}
+	o.settleBehind() // collected writes land first, and move mtime before it
 	release := o.jr.Admit()
 	defer release()
 	fence, ok := o.fence(ino)
@@ -402,6 +418,7 @@ func (o *ClientOps) bufWrite(f *openFile, off int64, data []byte) (n int, ok boo
 	if !f.journaled.Load() {
 		return 0, false
 	}
+	o.settleBehind()
 	release := o.jr.Admit()
 	defer release()
 	fence, held := o.fence(f.ino)

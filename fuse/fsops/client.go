@@ -77,8 +77,9 @@ type ClientOps struct {
 
 	// With Options.Buffered: the journal of operations answered here
 	// and not yet committed (buffered.go), nil without.
-	jr   *client.Journal
-	excl exclusiveTries
+	jr     *client.Journal
+	excl   exclusiveTries
+	unsent atomic.Int64 // bytes acknowledged by write-behind, all handles, not yet committed
 }
 
 var _ Ops = (*ClientOps)(nil)

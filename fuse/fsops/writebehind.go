@@ -223,6 +223,7 @@ func (o *ClientOps) collect(f *openFile, off int64, data []byte) bool {
 			continue
 		}
 		f.pending.Add(int64(len(data)))
+		o.unsent.Add(int64(len(data)))
 		full := len(f.buf) == writeBuf
 		f.mu.Unlock()
 		if full {
@@ -254,6 +255,7 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 			// The range goes last: a drain waiting on it then finds the
 			// bytes no longer pending and the slot free.
 			f.pending.Add(-int64(len(buf)))
+			o.unsent.Add(-int64(len(buf)))
 			<-f.slots
 			f.release(r)
 		}()
