@@ -17,7 +17,7 @@ import (
 // answered, never a gap. The batch is fenced by the capabilities it was
 // built under: once one of them is gone (revoked, or released and granted
 // again) someone else may have changed what the holder answered from, and
-// the batch is refused whole.
+// the batch is refused whole. Granted again while held, it is not gone.
 //
 // A batch applies its commands on the entry's transaction after a
 // savepoint (save), and on failure restores it (rollback). The trees are
@@ -130,18 +130,21 @@ func nestable(c *pb.Command) error {
 	return errf(syscall.EINVAL, "not allowed in a batch")
 }
 
-// checkFences refuses a batch unless session still holds every fence: a
-// capability on its inode with its epoch, exclusive. A recalled one not
-// yet revoked still counts: the holder is sending what it answered under
-// it, which is what the recall asks for.
+// checkFences refuses a batch unless session still holds every fence
+// (ino, e): an exclusive capability on ino whose tenure began at or before
+// e and whose epoch is e or later. Its holding never broke since e, so no
+// other session changed the inode after the holder answered under e; a
+// re-grant in between (a listing's grant with entries, say) moved the
+// epoch only. A recalled one not yet revoked still counts: the holder is
+// sending what it answered under it, which is what the recall asks for.
 func (t *tx) checkFences(fences []*pb.CapRef, session uint64) error {
 	for _, f := range fences {
 		c, ok := t.caps.get(pairKey(f.GetIno(), session))
 		switch {
 		case !ok:
 			return errf(syscall.EKEYREVOKED, "no capability on inode %d", f.GetIno())
-		case c.epoch != f.GetEpoch():
-			return errf(syscall.EKEYREVOKED, "the capability on inode %d is of epoch %d, not %d", f.GetIno(), c.epoch, f.GetEpoch())
+		case f.GetEpoch() < c.since || f.GetEpoch() > c.epoch:
+			return errf(syscall.EKEYREVOKED, "the capability on inode %d is held since epoch %d (last granted at %d), not at %d", f.GetIno(), c.since, c.epoch, f.GetEpoch())
 		case !c.excl:
 			return errf(syscall.EKEYREVOKED, "the capability on inode %d is not exclusive", f.GetIno())
 		}

@@ -201,6 +201,9 @@ func TestBatchIsAtomic(t *testing.T) {
 	}
 }
 
+// TestBatchFencing: a fence (ino, e) holds while the session has held an
+// exclusive capability on ino without a break since e, re-grants
+// included; once it was given up or taken, the old fences are refused.
 func TestBatchFencing(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -236,6 +239,66 @@ func TestBatchFencing(t *testing.T) {
 			require.True(t, f.recalls()[0].Revoked)
 			return f.fence()
 		}, syscall.EKEYREVOKED},
+		{"after its latest grant", func(f *batchFixture) []*pb.CapRef { return []*pb.CapRef{ft.Fence(f.d, f.dEpoch+1)} }, syscall.EKEYREVOKED},
+
+		// Tenure: a capability granted again while held keeps the fences
+		// of its earlier epochs.
+		{"granted again with entries", func(f *batchFixture) []*pb.CapRef {
+			require.Greater(t, f.Must(f.as(f.holder, ft.Grant(true, f.d))).Epoch, f.dEpoch)
+			return f.fence()
+		}, 0},
+		{"granted again shared", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, ft.Grant(false, f.d)))
+			return f.fence()
+		}, 0},
+		{"granted again, between the grants", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, ft.Grant(true, f.d)))
+			return []*pb.CapRef{ft.Fence(f.d, f.dEpoch+1)}
+		}, 0},
+		{"granted again, the new epoch", func(f *batchFixture) []*pb.CapRef {
+			g := f.Must(f.as(f.holder, grantExclEntries(f.d)))
+			return []*pb.CapRef{ft.Fence(f.d, g.Epoch), ft.Fence(f.a, g.Epoch)}
+		}, 0},
+		{"granted again, before the tenure", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, ft.Grant(true, f.d)))
+			return []*pb.CapRef{ft.Fence(f.d, f.dEpoch-1)}
+		}, syscall.EKEYREVOKED},
+		{"granted again exclusively with entries, an entry's tenure begins there", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, grantExclEntries(f.d)))
+			return []*pb.CapRef{ft.Fence(f.a, f.dEpoch)}
+		}, syscall.EKEYREVOKED},
+		{"a create's capability, granted again with its directory", func(f *batchFixture) []*pb.CapRef {
+			c := f.Must(f.as(f.holder, ft.Create("/d/c")))
+			f.Must(f.as(f.holder, ft.Grant(true, f.d)))
+			return []*pb.CapRef{f.fence()[0], ft.Fence(ino(t, f.Harness, "/d/c"), c.Epoch)}
+		}, 0},
+		{"shared, then exclusive", func(f *batchFixture) []*pb.CapRef {
+			s := f.Must(f.as(f.holder, ft.Grant(false, f.b)))
+			f.Must(f.as(f.holder, ft.GrantExcl(f.b)))
+			return []*pb.CapRef{ft.Fence(f.b, s.Epoch)}
+		}, 0},
+		{"granted again, through a snapshot", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, ft.Grant(true, f.d)))
+			snap := snapBytes(t, f.F)
+			f.F = restored(t, snap)
+			require.Equal(t, snap, snapBytes(t, f.F))
+			return f.fence()
+		}, 0},
+		{"released and granted again", func(f *batchFixture) []*pb.CapRef {
+			f.Must(f.as(f.holder, ft.Release(f.d, f.dEpoch)))
+			f.Must(f.as(f.holder, ft.GrantExcl(f.d)))
+			return f.fence()
+		}, syscall.EKEYREVOKED},
+		{"revoked and granted again", func(f *batchFixture) []*pb.CapRef {
+			require.True(t, f.Do(f.as(f.other, ft.Create("/d/o"))).Recall)
+			f.Advance(1500 * time.Millisecond)
+			f.Must(f.as(f.holder, ft.KeepAlive()))
+			f.Advance(600 * time.Millisecond)
+			f.Must(f.as(f.holder, ft.KeepAlive()))
+			require.True(t, f.recalls()[0].Revoked)
+			f.Must(f.as(f.holder, ft.GrantExcl(f.d)))
+			return f.fence()
+		}, syscall.EKEYREVOKED},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,6 +315,14 @@ func TestBatchFencing(t *testing.T) {
 			require.Len(t, r.Results, 2)
 		})
 	}
+}
+
+// grantExclEntries asks for exclusive capabilities on inos and their
+// entries.
+func grantExclEntries(inos ...uint64) *pb.Command {
+	c := ft.Grant(true, inos...)
+	c.GetGrant().Exclusive = true
+	return c
 }
 
 // TestBatchRecall: a batch that would change an inode another session

@@ -19,13 +19,20 @@ import (
 //
 // The epoch of a capability is the log index of its grant: a release names
 // it, so a holder's late release of an earlier grant never gives up a later
-// one.
+// one. Its tenure (since) is the epoch at which the session's unbroken
+// holding of the inode began: granting a capability the session holds
+// again changes the epoch but not the tenure, as nobody else could
+// change the inode in between. Batch fences are checked against the tenure
+// (checkFences), so re-grants never lose what the holder answered before.
 
 // capab is one session's capability on one inode.
 type capab struct {
 	session uint64
 	ino     uint64
 	epoch   uint64
+	// since <= epoch: the epoch of the grant that began the session's
+	// unbroken holding of the inode.
+	since uint64
 	// revokeAt is the log time at which a recalled capability is taken
 	// from its holder; 0 while nobody waits for it.
 	revokeAt int64
@@ -145,7 +152,7 @@ func (t *tx) capCreated(dir, n *inode) uint64 {
 		return 0
 	}
 	// Nobody else can hold one on a new inode: it may be exclusive.
-	t.putCap(&capab{session: t.cmdSession, ino: n.ino, epoch: t.index, excl: d.excl})
+	t.putCap(&capab{session: t.cmdSession, ino: n.ino, epoch: t.index, since: t.index, excl: d.excl})
 	return t.index
 }
 
@@ -153,7 +160,8 @@ func (t *tx) capCreated(dir, n *inode) uint64 {
 // every inode that exists, is linked and has no recall pending. A grant
 // that conflicts with another session's capability (either is exclusive)
 // recalls it and waits like a change (errRecall). A capability held
-// exclusively stays exclusive when granted again.
+// exclusively stays exclusive when granted again, and one granted again
+// keeps its tenure.
 func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 	if sess == nil {
 		return nil, errf(syscall.ESTALE, "grant needs a session")
@@ -197,11 +205,12 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 			}
 			continue
 		}
-		excl := x.Exclusive
-		if old, ok := t.caps.get(pairKey(ino, sess.id)); ok && old.excl {
-			excl = true
+		c := &capab{session: sess.id, ino: ino, epoch: t.index, since: t.index, excl: x.Exclusive}
+		if old, ok := t.caps.get(pairKey(ino, sess.id)); ok {
+			c.since = old.since
+			c.excl = c.excl || old.excl
 		}
-		t.putCap(&capab{session: sess.id, ino: ino, epoch: t.index, excl: excl})
+		t.putCap(c)
 		res.Granted = append(res.Granted, ino)
 	}
 	return res, nil

@@ -315,6 +315,14 @@ func (rs *restorer) lock(d *dec) error {
 func (rs *restorer) capab(d *dec) error {
 	c := &capab{ino: d.u(), session: d.u(), epoch: d.u(), revokeAt: d.i()}
 	flags := d.u()
+	c.since = c.epoch // absent: the tenure began with this grant
+	if d.err == nil && len(d.b) > 0 {
+		c.since = d.u()
+		if c.since >= c.epoch {
+			// Written only when earlier, so the state writes back the same.
+			return badSnap("capability of session %d on %d: tenure from %d, epoch %d", c.session, c.ino, c.since, c.epoch)
+		}
+	}
 	if err := d.done(); err != nil {
 		return err
 	}

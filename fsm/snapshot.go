@@ -20,7 +20,8 @@ import (
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
 //	  'S' session (its inode reservations, when it has any, at the end),
-//	  'F' handle, 'L' exclusive-open state, 'C' capability,
+//	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
+//	      at the end, absent when it equals the epoch),
 //	  'U' recorded result
 //	  'I' inode, 'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
@@ -142,7 +143,13 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		if c.excl {
 			flags = capExcl
 		}
-		sw.record(recCap, e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags).b, nil)
+		e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags)
+		if c.since != c.epoch {
+			// Absent when the tenure began with this grant, so a state
+			// without re-grants writes what earlier versions wrote.
+			e.u(c.since)
+		}
+		sw.record(recCap, e.b, nil)
 		return sw.err != nil
 	})
 	mo := proto.MarshalOptions{Deterministic: true}

@@ -282,6 +282,8 @@ func verifyCaps(s *state) error {
 			err = badSnap("capability of session %d on missing inode %d", c.session, c.ino)
 		case c.epoch == 0 || c.epoch > s.index || c.revokeAt < 0:
 			err = badSnap("capability of session %d on %d: epoch %d at index %d", c.session, c.ino, c.epoch, s.index)
+		case c.since == 0 || c.since > c.epoch:
+			err = badSnap("capability of session %d on %d: tenure from %d, epoch %d", c.session, c.ino, c.since, c.epoch)
 		}
 		s.ncaps++
 		if c.excl {

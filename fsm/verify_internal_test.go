@@ -1,6 +1,9 @@
 package fsm
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	pb "github.com/memoryfs/memfs/proto"
@@ -67,6 +70,12 @@ func TestVerifyCatchesBrokenInvariants(t *testing.T) {
 			reserve(s, inoRange{next: 6, end: 10, epoch: 1}, inoRange{next: 9, end: 16, epoch: 1})
 		}, "overlap"},
 		{"inode in a reservation", func(s *state) { reserve(s, inoRange{next: 5, end: 16, epoch: 1}) }, "inode 5 lies in"},
+		{"capability's tenure after its epoch", func(s *state) {
+			s.caps.put(pairKey(a, 1), &capab{session: 1, ino: a, epoch: 1, since: 2, excl: true})
+		}, "tenure from 2"},
+		{"capability without a tenure", func(s *state) {
+			s.caps.put(pairKey(a, 1), &capab{session: 1, ino: a, epoch: 1, excl: true})
+		}, "tenure from 0"},
 		{"directory cycle off the root", func(s *state) {
 			// a holds b; now b also holds a, and nothing holds a.
 			s.dirents.del(dirKey(1, "a"))
@@ -88,6 +97,66 @@ func TestVerifyCatchesBrokenInvariants(t *testing.T) {
 			err := verify(&s)
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// TestRestoreCapabilityTenure: a 'C' record written before tenures existed
+// restores with its tenure beginning at its epoch; one that names a tenure
+// keeps it, and one naming a tenure no earlier than its epoch (never
+// written) is refused.
+func TestRestoreCapabilityTenure(t *testing.T) {
+	sinces := func(seed string) map[uint64]uint64 { // ino -> epoch - since
+		b, err := os.ReadFile("testdata/fuzz/FuzzRestore/" + seed)
+		require.NoError(t, err)
+		q := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[1])
+		q, err = strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(q, "[]byte("), ")"))
+		require.NoError(t, err)
+		f, err := New(Config{})
+		require.NoError(t, err)
+		require.NoError(t, f.Restore(strings.NewReader(q)))
+		out := map[uint64]uint64{}
+		f.cur.Load().caps.root().Walk(func(_ []byte, c *capab) bool {
+			out[c.ino] = c.epoch - c.since
+			return false
+		})
+		return out
+	}
+	require.Equal(t, map[uint64]uint64{2: 0, 3: 0, 4: 0}, sinces("caps-recalled"))
+	require.Equal(t, map[uint64]uint64{2: 3, 3: 2, 4: 1}, sinces("caps-tenure"))
+
+	capRecord := func(since uint64) []byte {
+		var e enc
+		e.u(2).u(1).u(5).i(0).u(capExcl)
+		if since != 0 {
+			e.u(since)
+		}
+		return e.b
+	}
+	tests := []struct {
+		name  string
+		since uint64 // 0: not written
+		want  uint64
+		err   string
+	}{
+		{"not written", 0, 5, ""},
+		{"earlier", 3, 3, ""},
+		{"the epoch", 5, 0, "tenure from 5"},
+		{"later", 6, 0, "tenure from 6"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := &restorer{s: newState(4096, nil)}
+			err := rs.capab(&dec{b: capRecord(tc.since)})
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			c, ok := rs.s.caps.get(pairKey(2, 1))
+			require.True(t, ok)
+			require.Equal(t, tc.want, c.since)
+			require.True(t, c.excl)
 		})
 	}
 }
