@@ -357,6 +357,47 @@ func (o *ClientOps) bufRename(parent uint64, name string, newParent uint64, newN
 	return true, 0
 }
 
+// bufLink answers a hard link of ino as newName in newParent.
+func (o *ClientOps) bufLink(ino, newParent uint64, newName string) (a Attr, ok bool, e syscall.Errno) {
+	if !o.buffering() || len(newName) > maxNameLen {
+		return Attr{}, false, 0
+	}
+	o.settleBehind()
+	release := o.jr.Admit()
+	defer release()
+	if _, ready := o.bufReady(newParent); !ready {
+		return Attr{}, false, 0
+	}
+	fences, _ := o.fences(newParent)
+	src, cached := o.meta.attr(ino)
+	if !cached {
+		return Attr{}, false, 0
+	}
+	if src.IsDir() {
+		return Attr{}, true, syscall.EPERM
+	}
+	if _, found, ok := o.meta.lookup(newParent, newName); !ok {
+		return Attr{}, false, 0
+	} else if found {
+		return Attr{}, true, syscall.EEXIST
+	}
+	now := time.Now()
+	a = src
+	a.Valid = 0
+	a.Nlink++
+	a.Ctime = now
+	o.meta.local(func(l localEdit) {
+		d := l.attr(newParent)
+		d.Mtime, d.Ctime = now, now
+		l.list(newParent).add(DirEntry{Name: newName, Ino: ino, Mode: src.Mode & syscall.S_IFMT})
+		l.put(a)
+	})
+	cmd := &pb.LinkCmd{Src: inode(ino), Dst: entry(newParent, newName)}
+	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Link{Link: cmd}}, now), Inos: []uint64{newParent, ino}, Fences: fences})
+	a.Valid = src.Valid
+	return a, true, 0
+}
+
 // bufSetAttr answers a change of mode, owner or times of an inode held
 // exclusively. Sizes go to the cluster (they drop data).
 func (o *ClientOps) bufSetAttr(ino uint64, in SetAttrIn) (a Attr, ok bool) {
@@ -430,6 +471,9 @@ func (o *ClientOps) bufWrite(f *openFile, off int64, data []byte) (n int, ok boo
 	// store: the blocks it reports are its business.
 	if !held || !cached || off > int64(cur.Size) || f.jbytes.Add(int64(len(data))) > jrFileBytes {
 		f.journaled.Store(false)
+		f.mu.Lock()
+		f.jdata = nil
+		f.mu.Unlock()
 		return 0, false
 	}
 	now := time.Now()
@@ -444,6 +488,12 @@ func (o *ClientOps) bufWrite(f *openFile, off int64, data []byte) (n int, ok boo
 		fences = []*pb.CapRef{fence}
 	}
 	cmd := &pb.WriteCmd{Loc: inode(f.ino), Offset: off, Data: slices.Clone(data)}
+	f.mu.Lock()
+	if end := int(off) + len(data); end > len(f.jdata) {
+		f.jdata = append(f.jdata, make([]byte, end-len(f.jdata))...)
+	}
+	copy(f.jdata[off:], data)
+	f.mu.Unlock()
 	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Write{Write: cmd}}, now), Inos: []uint64{f.ino}, Fences: fences})
 	return len(data), true
 }
@@ -507,4 +557,21 @@ func (o *ClientOps) committedBatch(ops []client.Buffered, res []*pb.Result, err 
 func stamped(cmd *pb.Command, now time.Time) *pb.Command {
 	cmd.StampNs = now.UnixNano()
 	return cmd
+}
+
+// keepJournaled keeps what f's journaled writes made of its new file as
+// the file's data cache window, at close: the file reads back from memory,
+// as one written through write-behind does (keepWritten).
+func (o *ClientOps) keepJournaled(f *openFile) {
+	if !f.journaled.Load() || !o.sharedCache() {
+		return
+	}
+	f.mu.Lock()
+	data := slices.Clone(f.jdata)
+	f.mu.Unlock()
+	if len(data) > 0 && len(data) < raWindow {
+		if a, ok := o.meta.attr(f.ino); ok && a.Size == uint64(len(data)) {
+			o.cache.put(f.ino, 0, data)
+		}
+	}
 }

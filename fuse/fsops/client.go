@@ -511,6 +511,7 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 		return ToErrno(err)
 	}
 	if o.buffering() {
+		o.keepJournaled(f)
 		return ToErrno(o.jr.TakeErr(f.ino))
 	}
 	return 0
@@ -814,6 +815,10 @@ func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e sysca
 func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName string) (a Attr, e syscall.Errno) {
 	defer guard("link", &e)
 	o.barrier(ino)
+	o.wantExclusive(ctx, newParent)
+	if a, ok, e := o.bufLink(ino, newParent, newName); ok {
+		return a, e
+	}
 	defer o.meta.changes(newParent)()
 	res, e := o.do(ctx, "link", &pb.Command{Op: &pb.Command_Link{Link: &pb.LinkCmd{
 		Src: inode(ino), Dst: entry(newParent, newName),

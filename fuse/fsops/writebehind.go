@@ -74,6 +74,7 @@ type openFile struct {
 	// create, while small); jbytes counts what they carried.
 	journaled atomic.Bool
 	jbytes    atomic.Int64
+	jdata     []byte // guarded by mu: the new file's content, while journaled
 }
 
 // flightRange is the byte range of one commit in flight; done is closed
