@@ -378,6 +378,12 @@ func (t *tx) clone(x *pb.CloneCmd) (*pb.Result, error) {
 		if t.within(r.dir, src.ino) {
 			return nil, errf(syscall.EINVAL, "clone %s into itself", locString(x.Src))
 		}
+		// The copy reads the whole tree, not just what resolution read.
+		if t.nexcl > 0 {
+			if err := t.awaitBuffered(t.below(src)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := t.guard(r.dir.ino); err != nil {
 		return nil, err
@@ -429,6 +435,23 @@ func (c *cloner) copy(n *inode, dir *inode, name string) uint64 {
 		}
 	}
 	return m.ino
+}
+
+// below lists the inodes under directory n.
+func (s *state) below(n *inode) []uint64 {
+	var out []uint64
+	dirs := []uint64{n.ino}
+	for len(dirs) > 0 {
+		d := dirs[len(dirs)-1]
+		dirs = dirs[:len(dirs)-1]
+		for _, e := range s.entries(d) {
+			out = append(out, e.ino)
+			if c := s.inode(e.ino); c != nil && c.isDir() {
+				dirs = append(dirs, e.ino)
+			}
+		}
+	}
+	return out
 }
 
 type namedEntry struct {

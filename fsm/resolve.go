@@ -18,7 +18,8 @@ type resolved struct {
 }
 
 // resolve finds loc. follow makes a symlink in the last component lead to
-// its target; intermediate symlinks are always followed.
+// its target; intermediate symlinks are always followed. Commands use
+// tx.resolve.
 func (s *state) resolve(loc *pb.Loc, follow bool) (resolved, error) {
 	return s.resolveWith(&walker{s: s}, loc, follow)
 }
@@ -74,7 +75,7 @@ func checkName(name string) error {
 }
 
 // lookup resolves loc to an existing inode, following a final symlink
-// unless loc.nofollow.
+// unless loc.nofollow. Commands use tx.lookup.
 func (s *state) lookup(loc *pb.Loc) (*inode, error) {
 	r, err := s.resolve(loc, !loc.GetNofollow())
 	if err != nil {
@@ -94,8 +95,8 @@ func (r resolved) existing(loc *pb.Loc) (*inode, error) {
 }
 
 // newEntry resolves loc as the name of something to create.
-func (s *state) newEntry(loc *pb.Loc, follow bool) (resolved, error) {
-	r, err := s.resolve(loc, follow)
+func (t *tx) newEntry(loc *pb.Loc, follow bool) (resolved, error) {
+	r, err := t.resolve(loc, follow)
 	if err != nil {
 		return r, err
 	}
@@ -119,8 +120,8 @@ func (r resolved) creatable(loc *pb.Loc) error {
 
 // oldEntry resolves loc as an existing directory entry to remove or move;
 // a final symlink is the entry itself.
-func (s *state) oldEntry(loc *pb.Loc) (resolved, error) {
-	r, err := s.resolve(loc, false)
+func (t *tx) oldEntry(loc *pb.Loc) (resolved, error) {
+	r, err := t.resolve(loc, false)
 	if err != nil {
 		return r, err
 	}

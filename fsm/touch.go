@@ -23,23 +23,39 @@ func (t *tx) touchCmd(x *pb.TouchCmd) (*pb.Result, error) {
 	if len(x.Inos) > maxGrant {
 		return nil, errf(syscall.E2BIG, "touch of %d inodes (at most %d)", len(x.Inos), maxGrant)
 	}
-	if t.nexcl == 0 {
-		return &pb.Result{}, nil
+	if err := t.awaitBuffered(x.Inos); err != nil {
+		return nil, err
 	}
-	inos := slices.Compact(slices.Sorted(slices.Values(x.Inos)))
+	return &pb.Result{}, nil
+}
+
+// awaitBuffered refuses the running command for a recall while a session
+// other than its own holds an exclusive capability on any of inos (which
+// the command read, or is about to), recalling those capabilities.
+func (t *tx) awaitBuffered(inos []uint64) error {
+	if in := t.bufferedBy(inos, t.cmdSession); len(in) > 0 {
+		t.recall(in)
+		return errRecall
+	}
+	return nil
+}
+
+// bufferedBy returns the exclusive capabilities on inos that sessions
+// other than session hold, in inode order: what the state may be behind
+// on. Queries (BufferedBy) and commands (awaitBuffered) share it.
+func (s *state) bufferedBy(inos []uint64, session uint64) []*capab {
+	if s.nexcl == 0 || len(inos) == 0 {
+		return nil
+	}
 	var in []*capab
-	for _, ino := range inos {
-		for _, c := range t.capsOf(ino) {
-			if c.excl && c.session != t.cmdSession {
+	for _, ino := range slices.Compact(slices.Sorted(slices.Values(inos))) {
+		for _, c := range s.capsOf(ino) {
+			if c.excl && c.session != session {
 				in = append(in, c)
 			}
 		}
 	}
-	if len(in) > 0 {
-		t.recall(in)
-		return nil, errRecall
-	}
-	return &pb.Result{}, nil
+	return in
 }
 
 // BufferedBy returns the inodes that query q reads and that a session
@@ -56,15 +72,9 @@ func (f *FSM) BufferedBy(q *pb.Query, session uint64) []uint64 {
 		return nil
 	}
 	var out []uint64
-	for _, ino := range s.readsOf(q) {
-		for _, c := range s.capsOf(ino) {
-			if c.excl && c.session != session {
-				out = append(out, ino)
-				break
-			}
-		}
+	for _, c := range s.bufferedBy(s.readsOf(q), session) {
+		out = append(out, c.ino)
 	}
-	slices.Sort(out)
 	return slices.Compact(out)
 }
 
@@ -100,14 +110,54 @@ func (s *state) readsOf(q *pb.Query) []uint64 {
 	return nil
 }
 
-// locReads lists what resolving loc reads: the directories and symlinks
-// on the way and the inode it leads to. follow is whether the query
+// locReads lists what resolving loc reads. follow is whether the query
 // follows a final symlink (unless loc says nofollow).
 func (s *state) locReads(loc *pb.Loc, follow bool) []uint64 {
-	var seen []uint64
-	r, err := s.resolveWith(&walker{s: s, seen: &seen}, loc, follow && !loc.GetNofollow())
+	_, reads, _ := s.resolveReads(loc, follow && !loc.GetNofollow())
+	return reads
+}
+
+// resolveReads is resolve that also lists what the resolution read: the
+// directories looked in and symlinks followed on the way, and the inode
+// it leads to.
+func (s *state) resolveReads(loc *pb.Loc, follow bool) (resolved, []uint64, error) {
+	var reads []uint64
+	r, err := s.resolveWith(&walker{s: s, seen: &reads}, loc, follow)
 	if err == nil && r.node != nil {
-		seen = append(seen, r.node.ino)
+		reads = append(reads, r.node.ino)
 	}
-	return seen
+	return r, reads, err
+}
+
+// Commands and exclusive capabilities. A command of another session must
+// not decide anything from what such a holder may be ahead on: a name it
+// removed or created in a directory it holds, a file it wrote. So every
+// resolution in a command goes through tx.resolve, which waits (a recall,
+// like a conflicting change) while a session other than the command's
+// holds an exclusive capability on anything the resolution read, whatever
+// the answer would have been (ENOENT and EEXIST included). The holder
+// sends what it buffered before it releases, and the command is applied
+// again on top of that. A holder's own commands, batches included, never
+// wait for its own capabilities.
+
+// resolve is state.resolve for the running command. Handlers resolve
+// through it (and lookup, newEntry, oldEntry), never through t.state.
+func (t *tx) resolve(loc *pb.Loc, follow bool) (resolved, error) {
+	if t.nexcl == 0 {
+		return t.state.resolve(loc, follow)
+	}
+	r, reads, err := t.resolveReads(loc, follow)
+	if err := t.awaitBuffered(reads); err != nil {
+		return resolved{}, err
+	}
+	return r, err
+}
+
+// lookup is state.lookup for the running command (see resolve).
+func (t *tx) lookup(loc *pb.Loc) (*inode, error) {
+	r, err := t.resolve(loc, !loc.GetNofollow())
+	if err != nil {
+		return nil, err
+	}
+	return r.existing(loc)
 }

@@ -118,3 +118,228 @@ func TestBufferedBy(t *testing.T) {
 	h.Must(h.as(h.holder, ft.Grant(false, d)))
 	require.Empty(t, h.F.BufferedBy(ft.Stat("/d/e/f"), h.other))
 }
+
+// TestCommandsWaitForBufferedDirectories: a command of another session
+// that resolves a name in a directory held exclusively (or reaches an
+// inode held so) may be answering from a state the holder is ahead of. It
+// waits like a conflicting change, whatever it would have answered; once
+// the holder has sent what it buffered and released, it applies against
+// that.
+func TestCommandsWaitForBufferedDirectories(t *testing.T) {
+	removeAt := func(parent uint64, name string) *pb.Command {
+		return &pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: ft.At(parent, name)}}}
+	}
+	stat := func(loc *pb.Loc) *pb.Command { return ft.SetAttr(loc, &pb.SetAttrCmd{}) }
+	type fixture struct {
+		*capHarness
+		d, e, x, z uint64
+	}
+	tests := []struct {
+		name     string
+		held     []string // held exclusively by the holder; /d when none
+		cmd      func(f *fixture) *pb.Command
+		buffered []*pb.Command // what the holder answered and sends when recalled
+		recalled []string      // whose capabilities the command recalls; held when none
+		want     syscall.Errno
+		check    func(t *testing.T, f *fixture, r *pb.Result)
+	}{
+		{
+			name:     "remove of a name the holder made",
+			cmd:      func(*fixture) *pb.Command { return ft.Remove("/d/n") },
+			buffered: []*pb.Command{ft.Mkdir("/d/n", 0o755)},
+			check: func(t *testing.T, f *fixture, _ *pb.Result) {
+				require.Equal(t, syscall.ENOENT, errnoOf(f.Q(ft.Stat("/d/n"))))
+			},
+		},
+		{
+			name:     "remove by parent and name",
+			cmd:      func(f *fixture) *pb.Command { return removeAt(f.d, "n") },
+			buffered: []*pb.Command{ft.Mkdir("/d/n", 0o755)},
+		},
+		{
+			name:     "remove through a symlink",
+			cmd:      func(*fixture) *pb.Command { return ft.Remove("/l/n") },
+			buffered: []*pb.Command{ft.Mkdir("/d/n", 0o755)},
+		},
+		{
+			name:     "mkdir of a name the holder removed",
+			cmd:      func(*fixture) *pb.Command { return ft.Mkdir("/d/x", 0o700) },
+			buffered: []*pb.Command{ft.Unlink("/d/x")},
+			check: func(t *testing.T, f *fixture, r *pb.Result) {
+				require.EqualValues(t, 0o700, f.MustQ(ft.Stat("/d/x")).Attr.Mode&0o777)
+			},
+		},
+		{
+			name:     "rename into a directory the holder made",
+			cmd:      func(*fixture) *pb.Command { return ft.Rename("/e/f", "/d/sub/f") },
+			buffered: []*pb.Command{ft.Mkdir("/d/sub", 0o755)},
+			check: func(t *testing.T, f *fixture, _ *pb.Result) {
+				require.Equal(t, "f", string(f.MustQ(ft.Read("/d/sub/f", 0, 10)).Data))
+			},
+		},
+		{
+			name:     "create over a name the holder removed",
+			cmd:      func(*fixture) *pb.Command { return ft.Create("/d/z") },
+			buffered: []*pb.Command{ft.Unlink("/d/z")},
+			check: func(t *testing.T, f *fixture, _ *pb.Result) {
+				a := f.MustQ(ft.Stat("/d/z")).Attr
+				require.NotEqual(t, f.z, a.Ino, "a new file")
+				require.Zero(t, a.Size)
+			},
+		},
+		{
+			name:     "exclusive create of a name the holder removed",
+			cmd:      func(*fixture) *pb.Command { return ft.Open("/d/z", ft.OCreat|ft.OExcl|ft.ORdwr, 0o644) },
+			buffered: []*pb.Command{ft.Unlink("/d/z")},
+		},
+		{
+			name:     "stat by command of a name the holder removed",
+			cmd:      func(*fixture) *pb.Command { return stat(ft.Path("/d/x")) },
+			buffered: []*pb.Command{ft.Unlink("/d/x")},
+			want:     syscall.ENOENT,
+		},
+		{
+			name:     "stat by number of a file the holder wrote",
+			held:     []string{"/d/x"},
+			cmd:      func(f *fixture) *pb.Command { return stat(ft.Ino(f.x)) },
+			buffered: []*pb.Command{ft.Write("/d/x", 0, []byte("longer"))},
+			check: func(t *testing.T, f *fixture, r *pb.Result) {
+				require.EqualValues(t, 6, r.Attr.Size)
+			},
+		},
+		{
+			name:     "link onto a name the holder removed",
+			cmd:      func(*fixture) *pb.Command { return ft.Link("/e/f", "/d/x") },
+			buffered: []*pb.Command{ft.Unlink("/d/x")},
+		},
+		{
+			name:     "recursive clone of a tree with a directory held below",
+			held:     []string{"/t/u"},
+			cmd:      func(*fixture) *pb.Command { return ft.Clone("/t", "/c", true) },
+			buffered: []*pb.Command{ft.Mkdir("/t/u/new", 0o755)},
+			check: func(t *testing.T, f *fixture, _ *pb.Result) {
+				f.MustQ(ft.Stat("/c/u/new"))
+			},
+		},
+		{
+			name:     "a batch of another session",
+			cmd:      func(*fixture) *pb.Command { return ft.Batch(nil, ft.Mkdir("/e/m", 0o755), ft.Remove("/d/n")) },
+			buffered: []*pb.Command{ft.Mkdir("/d/n", 0o755)},
+			check: func(t *testing.T, f *fixture, _ *pb.Result) {
+				f.MustQ(ft.Stat("/e/m"))
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fixture{capHarness: newCapHarness(t)}
+			for _, c := range []*pb.Command{
+				ft.Mkdir("/d", 0o755), put("/d/x", "x"), put("/d/z", "z"), ft.Mkdir("/e", 0o755),
+				put("/e/f", "f"), ft.Symlink("/d", "/l"), ft.Mkdir("/t", 0o755), ft.Mkdir("/t/u", 0o755),
+			} {
+				f.Must(c)
+			}
+			f.d, f.e, f.x, f.z = ino(t, f.Harness, "/d"), ino(t, f.Harness, "/e"), ino(t, f.Harness, "/d/x"), ino(t, f.Harness, "/d/z")
+			held := tc.held
+			if held == nil {
+				held = []string{"/d"}
+			}
+			recalled := tc.recalled
+			if recalled == nil {
+				recalled = held
+			}
+			epochs := map[uint64]uint64{}
+			var fences []*pb.CapRef
+			for _, p := range held {
+				i := ino(t, f.Harness, p)
+				epochs[i] = f.Must(f.as(f.holder, ft.GrantExcl(i))).Epoch
+				fences = append(fences, ft.Fence(i, epochs[i]))
+			}
+			var want []*pb.Recall
+			for _, p := range recalled {
+				i := ino(t, f.Harness, p)
+				want = append(want, &pb.Recall{Session: f.holder, Ino: i, Epoch: epochs[i]})
+			}
+
+			c := f.as(f.other, tc.cmd(f))
+			before := dump(t, f.F)
+			r := f.Do(c)
+			require.True(t, r.Recall, "answered without waiting: %v", r)
+			require.Equal(t, syscall.EAGAIN, errnoOf(r))
+			require.Equal(t, want, protoClean(f.recalls()))
+			require.Equal(t, before, dump(t, f.F), "nothing changed")
+			require.True(t, f.Do(c).Recall, "still waiting")
+			require.Empty(t, f.recalls(), "recalled once")
+
+			// The holder sends what it answered, then gives back what it
+			// holds, the capabilities its creates handed out included.
+			b := f.Must(f.as(f.holder, ft.Batch(fences, tc.buffered...)))
+			for _, x := range b.Results {
+				if x.Epoch != 0 {
+					epochs[x.Attr.Ino] = x.Epoch
+				}
+			}
+			for i, e := range epochs {
+				f.Must(f.as(f.holder, ft.Release(i, e)))
+			}
+			require.Zero(t, f.F.CapCount())
+			r = f.Do(c)
+			require.Equal(t, tc.want, errnoOf(r), r.Message)
+			if tc.check != nil {
+				tc.check(t, f, r)
+			}
+		})
+	}
+}
+
+// TestCommandsPassUnbufferedDirectories: only another session's exclusive
+// capability makes a resolution wait; the holder's own commands, batches
+// included, answer at once.
+func TestCommandsPassUnbufferedDirectories(t *testing.T) {
+	other := func(h *capHarness) uint64 { return h.other }
+	holder := func(h *capHarness) uint64 { return h.holder }
+	remove := func(p string) func(*capHarness) *pb.Command {
+		return func(*capHarness) *pb.Command { return ft.Remove(p) }
+	}
+	tests := []struct {
+		name      string
+		exclusive bool
+		session   func(h *capHarness) uint64
+		cmd       func(h *capHarness) *pb.Command
+		recall    bool
+		want      syscall.Errno
+	}{
+		{"another session's", true, other, remove("/d/n"), true, 0},
+		{"without a session", true, func(*capHarness) uint64 { return 0 }, remove("/d/n"), true, 0},
+		{"its own", true, holder, remove("/d/n"), false, syscall.ENOENT},
+		{"its own batch", true, holder, func(*capHarness) *pb.Command { return ft.Batch(nil, ft.Remove("/d/n")) }, false, syscall.ENOENT},
+		{"shared", false, other, remove("/d/n"), false, syscall.ENOENT},
+		{"another directory", true, other, remove("/e/n"), false, syscall.ENOENT},
+		{"the directory by number", true, other, func(h *capHarness) *pb.Command {
+			return ft.SetAttr(ft.Ino(ino(t, h.Harness, "/d")), &pb.SetAttrCmd{})
+		}, true, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newCapHarness(t)
+			h.Must(ft.Mkdir("/d", 0o755))
+			h.Must(ft.Mkdir("/e", 0o755))
+			d := ino(t, h.Harness, "/d")
+			g := ft.Grant(false, d)
+			g.GetGrant().Exclusive = tc.exclusive
+			h.Must(h.as(h.holder, g))
+			c := tc.cmd(h)
+			if s := tc.session(h); s != 0 {
+				c = h.as(s, c)
+			}
+			r := h.Do(c)
+			require.Equal(t, tc.recall, r.Recall, r.Message)
+			if tc.recall {
+				require.Len(t, h.recalls(), 1)
+				return
+			}
+			require.Empty(t, h.recalls())
+			require.Equal(t, tc.want, errnoOf(r), r.Message)
+		})
+	}
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,4 +120,79 @@ func asyncStat(ctx context.Context, cli pb.MemFSClient, s uint64, p string) <-ch
 
 func cleanRecall(r *pb.Recall) *pb.Recall {
 	return &pb.Recall{Session: r.Session, Ino: r.Ino, Epoch: r.Epoch, Revoked: r.Revoked}
+}
+
+// TestCommandWaitsForExclusiveCapability: a command of one session that
+// looks up a name in a directory another session holds exclusively waits
+// for the holder like a conflicting change, whatever the committed state
+// would answer: B's remove of a file A has created but not sent yet
+// recalls A's capability and removes the file once A has sent it (in a
+// batch, at the recall) and released.
+func TestCommandWaitsForExclusiveCapability(t *testing.T) {
+	c := StartCluster(t, 3, WithNodeConfig(func(_ int, cfg *Config) { cfg.TickInterval = 50 * time.Millisecond }))
+	leader := c.WaitLeader(10 * time.Second)
+	f := follower(c, leader, 0)
+	ctx := ctxTimeout(t, 60*time.Second)
+	w, err := c.Client(leader.APIAddr()).Watch(ctx, &pb.WatchRequest{Version: pb.Version})
+	require.NoError(t, err)
+	recalls := make(chan *pb.Recall, 16)
+	go func() {
+		for {
+			ev, err := w.Recv()
+			if err != nil {
+				return
+			}
+			for _, r := range ev.Recalls {
+				recalls <- r
+			}
+		}
+	}()
+
+	a := openSession(t, c.Client(f.APIAddr()))
+	b := openSession(t, c.Client(leader.APIAddr()))
+	a.mkdir("/d")
+	d := stat(t, c.Client(f.APIAddr()), "/d", pb.Consistency_LINEARIZABLE).Attr.Ino
+	g := a.apply(&pb.Command{Op: &pb.Command_Grant{Grant: &pb.GrantCmd{Inos: []uint64{d}, Exclusive: true}}})
+	require.Equal(t, []uint64{d}, g.Granted)
+	r := a.apply(&pb.Command{Op: &pb.Command_ReserveInodes{ReserveInodes: &pb.ReserveInodesCmd{Count: 4}}})
+	require.Zero(t, r.Errno, r.Message)
+
+	// A has answered the creation of /d/new itself; B removes it.
+	got := make(chan *pb.Result, 1)
+	go func() {
+		res, err := b.tryApply(&pb.Command{Op: &pb.Command_Remove{Remove: &pb.RemoveCmd{Loc: &pb.Loc{Path: "/d/new"}}}})
+		if err != nil {
+			res = &pb.Result{Errno: 5, Message: err.Error()}
+		}
+		got <- res
+	}()
+	select {
+	case rc := <-recalls:
+		require.Equal(t, &pb.Recall{Session: a.id, Ino: d, Epoch: g.Epoch}, cleanRecall(rc))
+	case res := <-got:
+		t.Fatalf("the remove was answered without a recall: %v", res)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no recall of the exclusive capability")
+	}
+	select {
+	case res := <-got:
+		t.Fatalf("the remove was answered before the holder released: %v", res)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// At the recall, the holder sends what it buffered, then releases.
+	mk := &pb.Command{Op: &pb.Command_Mknod{Mknod: &pb.MknodCmd{Loc: &pb.Loc{Path: "/d/new"}, Mode: 0o644, Ino: r.FirstIno}}}
+	bt := a.apply(&pb.Command{Op: &pb.Command_Batch{Batch: &pb.BatchCmd{
+		Fences: []*pb.CapRef{{Ino: d, Epoch: g.Epoch}}, Commands: []*pb.Command{mk}}}})
+	require.Zero(t, bt.Errno, bt.Message)
+	created := bt.Results[0]
+	a.apply(&pb.Command{Op: &pb.Command_Release{Release: &pb.ReleaseCmd{Caps: []*pb.CapRef{
+		{Ino: d, Epoch: g.Epoch}, {Ino: r.FirstIno, Epoch: created.Epoch}}}}})
+	select {
+	case res := <-got:
+		require.Zero(t, res.GetErrno(), res.GetMessage())
+	case <-time.After(20 * time.Second):
+		t.Fatal("the remove was not applied after the release")
+	}
+	res := stat(t, c.Client(f.APIAddr()), "/d/new", pb.Consistency_LINEARIZABLE)
+	require.EqualValues(t, syscall.ENOENT, res.Errno, "the file the holder sent is gone")
 }
