@@ -300,6 +300,14 @@ func (c *Client) WriteIno(ctx context.Context, ino uint64, off int64, p []byte) 
 	return n, attr, pathErr("write", locName(loc), err)
 }
 
+// AppendIno writes p at the end of the regular file ino, wherever the end
+// is when the command applies (O_APPEND without a handle).
+func (c *Client) AppendIno(ctx context.Context, ino uint64, p []byte) (int, *pb.Attr, error) {
+	loc := &pb.Loc{Ino: ino}
+	n, attr, err := c.k.write(ctx, &pb.WriteCmd{Loc: loc, Append: true}, p, 0)
+	return n, attr, pathErr("write", locName(loc), err)
+}
+
 // ReadHandle reads into p from off through handle. It returns fewer than
 // len(p) bytes only at the end of the file, with a nil error. Reads over
 // pb.MaxMessageData are streamed.

@@ -341,9 +341,7 @@ func (o *ClientOps) bufRename(parent uint64, name string, newParent uint64, newN
 		}
 		l.list(parent).remove(name)
 		l.list(newParent).add(DirEntry{Name: newName, Ino: src.Ino, Mode: src.Mode})
-		if a := l.attr(src.Ino); a != nil {
-			a.Ctime = now
-		}
+		l.attr(src.Ino).Ctime = now
 		if hadTarget {
 			l.drop(dst.Ino)
 		}

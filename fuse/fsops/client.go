@@ -484,9 +484,14 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 	var err error
 	var pa *pb.Attr
 	start := o.meta.commit(ino)
-	if handle != 0 && !isLocal(handle) {
+	switch {
+	case handle != 0 && !isLocal(handle):
 		n, pa, err = o.c.WriteHandle(ctx, handle, off, data)
-	} else {
+	case f != nil && f.append:
+		// Opened without the cluster (a buffered create) with O_APPEND:
+		// the end is where the cluster finds it, as through a handle.
+		n, pa, err = o.c.AppendIno(ctx, ino, data)
+	default:
 		n, pa, err = o.c.WriteIno(ctx, ino, off, data)
 	}
 	o.dropWindows(ino)

@@ -593,16 +593,19 @@ type localEdit struct {
 	c *metaCache
 }
 
-// attr returns ino's cached attributes to change in place, or nil.
+// attr returns ino's cached attributes to change in place. When they were
+// dropped since the operation was decided, the change goes to a copy that
+// is thrown away: a later answer comes from the cluster, after the
+// journal.
 func (l localEdit) attr(ino uint64) *Attr {
 	l.c.dropped[ino] = l.c.clock
 	if e := l.c.m[ino]; e != nil && e.hasAttr {
 		return &e.attr
 	}
-	return nil
+	return &Attr{}
 }
 
-// list returns ino's cached listing; the caller checked that there is one.
+// list returns ino's cached listing, or, as attr, a copy thrown away.
 func (l localEdit) list(ino uint64) *listing {
 	l.c.dropped[ino] = l.c.clock
 	if e := l.c.m[ino]; e != nil && e.dir != nil {
