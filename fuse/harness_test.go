@@ -48,10 +48,10 @@ var testBinding = os.Getenv("MEMFS_FUSE_BINDING")
 // does by default: MEMFS_FUSE_CAPS=off mounts without.
 var testCaps = os.Getenv("MEMFS_FUSE_CAPS") != "off"
 
-// testBuffered says whether test mounts buffer metadata (Options.Buffered)
-// unless a test says: MEMFS_FUSE_BUFFERED=on (scripts/test.sh runs the
-// package once so).
-var testBuffered = os.Getenv("MEMFS_FUSE_BUFFERED") == "on"
+// testSync says whether test mounts commit every change before answering
+// it (Options.Sync), as `memfs mount --sync`: MEMFS_FUSE_SYNC=on
+// (scripts/test.sh runs the package so too).
+var testSync = os.Getenv("MEMFS_FUSE_SYNC") == "on"
 
 // mountOn mounts the cluster reachable at addrs on a new directory with its
 // own client, and unmounts it at cleanup (tearing the connection down by
@@ -69,7 +69,7 @@ func mountOn(t *testing.T, addrs []string, opt Options) *MountPoint {
 	if opt.Binding == "" {
 		opt.Binding = testBinding
 	}
-	opt.Buffered = opt.Buffered || testBuffered && testCaps
+	opt.Sync = opt.Sync || testSync
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m, err := Mount(ctx, c, t.TempDir(), opt)

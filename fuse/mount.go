@@ -104,12 +104,12 @@ type Options struct {
 	// of one replicated command in the background per such read; the
 	// default, as JuiceFS's, moves it only when set explicitly.
 	Atime string
-	// Buffered (with capabilities) answers metadata changes in
-	// directories the mount holds exclusively at once and commits them in
-	// ordered batches, at the latest by fsync, unmount or a recall
-	// (docs/fuse.md, "Buffered metadata"); without it every change is
-	// committed before it is answered.
-	Buffered bool
+	// Sync commits every metadata change before answering it. Without it
+	// (and with capabilities), changes in directories the mount holds
+	// exclusively are answered at once and committed in ordered batches,
+	// at the latest by fsync, unmount or a recall (docs/fuse.md,
+	// "Buffered metadata").
+	Sync bool
 	// Journal bounds those batches (client.JournalOptions defaults).
 	Journal client.JournalOptions
 	// FSName is the source shown in the mount table ("memfs" when empty).
@@ -170,7 +170,7 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 		opt.DataCache = 0
 	}
 	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache,
-		Relatime: opt.Atime == AtimeRelative, Buffered: opt.Buffered, Journal: opt.Journal})
+		Relatime: opt.Atime == AtimeRelative, Buffered: !opt.Sync, Journal: opt.Journal})
 	srv, err := mountBinding(real, ops, opt)
 	if err != nil {
 		return nil, err

@@ -403,12 +403,12 @@ func TestMountSurvivesLeaderKill(t *testing.T) {
 // TestClusterGoneFailsWithEIO stops every node: operations must fail with
 // EIO after the operation timeout instead of hanging.
 func TestClusterGoneFailsWithEIO(t *testing.T) {
-	if testBuffered {
-		t.Skip("a buffering mount answers from the state its capabilities guarantee while they are trusted, also with the cluster gone; TestBufferedLossReported covers what it loses")
-	}
 	cl := startCluster(t, 3)
 	const opTimeout = 3 * time.Second
-	m := mountOn(t, cl.APIAddrs(), Options{OpTimeout: opTimeout})
+	// Synchronous: a buffering mount answers from the state its capabilities
+	// guarantee while they are trusted, with the cluster gone too, and
+	// reports what it lost at fsync (fsops.TestBufferedLossReported).
+	m := mountOn(t, cl.APIAddrs(), Options{OpTimeout: opTimeout, Sync: true})
 	f, err := os.Create(filepath.Join(m.Dir(), "open"))
 	require.NoError(t, err)
 	defer f.Close()

@@ -15,12 +15,12 @@ import (
 // addresses) and expects the same mount to work again without a remount:
 // the files written before are there, new ones can be made and read.
 func TestMountRecoversWhenClusterReturns(t *testing.T) {
-	if testBuffered {
-		t.Skip("a buffering mount answers from the state its capabilities guarantee while they are trusted, also with the cluster gone; TestBufferedLossReported covers what it loses")
-	}
 	cl := startCluster(t, 3)
 	const opTimeout = 3 * time.Second
-	m := mountOn(t, cl.APIAddrs(), Options{OpTimeout: opTimeout})
+	// Synchronous: a buffering mount answers from the state its capabilities
+	// guarantee while they are trusted, with the cluster gone too, and
+	// reports what it lost at fsync (fsops.TestBufferedLossReported).
+	m := mountOn(t, cl.APIAddrs(), Options{OpTimeout: opTimeout, Sync: true})
 	before := filepath.Join(m.Dir(), "before")
 	require.NoError(t, os.WriteFile(before, []byte("written before the outage"), 0o644))
 

@@ -21,6 +21,12 @@ step "FUSE mount tests (bazil.org/fuse binding)"
 MEMFS_FUSE_BINDING=bazil go test -count=1 -timeout 20m ./fuse/
 step "FUSE mount tests (go-fuse binding)"
 MEMFS_FUSE_BINDING=gofuse go test -count=1 -timeout 20m ./fuse/
+# The same with every change committed before it is answered (--sync),
+# the mode the runs above buffer instead.
+step "FUSE mount tests, --sync (bazil.org/fuse binding)"
+MEMFS_FUSE_BINDING=bazil MEMFS_FUSE_SYNC=on go test -count=1 -timeout 20m ./fuse/
+step "FUSE mount tests, --sync (go-fuse binding)"
+MEMFS_FUSE_BINDING=gofuse MEMFS_FUSE_SYNC=on go test -count=1 -timeout 20m ./fuse/
 
 if [ -d test ]; then
   step "fault-injection suite (CI set)"

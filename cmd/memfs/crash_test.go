@@ -43,7 +43,7 @@ func TestBufferedMountCrashLeavesPrefix(t *testing.T) {
 	for round := range 3 {
 		dir := t.TempDir()
 		lazyUnmountAtCleanup(t, dir)
-		out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", "--buffered", "--lease", "2s", dir)
+		out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", "--lease", "2s", dir)
 		require.Zero(t, code, stderr)
 		pid := daemonPID(t, out)
 		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })

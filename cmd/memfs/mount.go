@@ -39,7 +39,7 @@ var mountFlags struct {
 	binding          string
 	atime            string
 	caps             bool
-	buffered         bool
+	sync             bool
 	lease            time.Duration
 }
 
@@ -83,7 +83,7 @@ func init() {
 	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
 	f.DurationVar(&mountFlags.lease, "lease", 0, "the mount's session lease: how long a mount that died or was cut off keeps other clients waiting for its capabilities (0: the client's default, 10s)")
-	f.BoolVar(&mountFlags.buffered, "buffered", false, "answer metadata changes in directories the mount holds exclusively at once and commit them in ordered batches, by fsync, unmount or a recall at the latest (docs/fuse.md); off: every change is committed before it is answered")
+	f.BoolVar(&mountFlags.sync, "sync", false, "commit every metadata change before answering it, instead of answering changes in directories the mount holds exclusively at once and committing them in ordered batches by fsync, unmount or a recall (docs/fuse.md)")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -108,7 +108,7 @@ func mountOptions() fuse.Options {
 		DataCache:      dataCacheOption(int64(mountFlags.dataCache)),
 		Binding:        mountFlags.binding,
 		Atime:          mountFlags.atime,
-		Buffered:       mountFlags.buffered,
+		Sync:           mountFlags.sync,
 	}
 }
 

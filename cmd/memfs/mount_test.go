@@ -172,7 +172,9 @@ func daemonAndStale(t *testing.T, bin, cluster, binding string) {
 	require.True(t, mounted(t, dir), "--daemon returns once the mount is ready")
 	pid := daemonPID(t, out)
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
-	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("1"), 0o644))
+	// Synced: a mount acknowledges changes before they are committed,
+	// and what it had not committed dies with it.
+	writeSynced(t, filepath.Join(dir, name), "1")
 
 	// A killed mount process leaves a dead mount behind.
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
@@ -230,4 +232,15 @@ func TestUpMount(t *testing.T) {
 
 	p.stop(t)
 	require.False(t, mounted(t, mnt), "stopping up unmounts")
+}
+
+// writeSynced writes content to a new file p and fsyncs it.
+func writeSynced(t *testing.T, p, content string) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	require.NoError(t, err)
+	_, err = f.WriteString(content)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	require.NoError(t, f.Close())
 }
