@@ -42,18 +42,19 @@ import (
 type Caps struct {
 	c *Client
 
-	mu       sync.Mutex
-	session  uint64            // the session the capabilities belong to; guarded by mu
-	held     map[uint64]uint64 // ino -> epoch; guarded by mu
-	excl     map[uint64]uint64 // ino -> epoch of an exclusive grant, while held; guarded by mu
-	recalled map[uint64]uint64 // ino -> epoch recalled while grants are in flight; guarded by mu
-	granting int               // grants in flight; guarded by mu
-	pending  []proof           // renewals not yet seen on the stream, by index; guarded by mu
-	until    time.Time         // capabilities are trusted before this; guarded by mu
-	seen     uint64            // highest index the stream delivered; guarded by mu
-	first    uint64            // index of the stream's first event (0: none yet); guarded by mu
-	trusted  chan struct{}     // closed when trust is extended; guarded by mu
-	onRecall []func(inos []uint64)
+	mu        sync.Mutex
+	session   uint64            // the session the capabilities belong to; guarded by mu
+	held      map[uint64]uint64 // ino -> epoch; guarded by mu
+	excl      map[uint64]uint64 // ino -> epoch of an exclusive grant, while held; guarded by mu
+	recalled  map[uint64]uint64 // ino -> epoch recalled while grants are in flight; guarded by mu
+	granting  int               // grants in flight; guarded by mu
+	pending   []proof           // renewals not yet seen on the stream, by index; guarded by mu
+	until     time.Time         // capabilities are trusted before this; guarded by mu
+	seen      uint64            // highest index the stream delivered; guarded by mu
+	first     uint64            // index of the stream's first event (0: none yet); guarded by mu
+	trusted   chan struct{}     // closed when trust is extended; guarded by mu
+	onRecall  []func(inos []uint64)
+	onRelease []func(inos []uint64)
 
 	rel chan *pb.CapRef // capabilities to give back
 }
@@ -92,6 +93,17 @@ func (cp *Caps) OnRecall(fn func(inos []uint64)) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	cp.onRecall = append(cp.onRecall, fn)
+}
+
+// OnRelease adds fn to the functions called with the inodes about to be
+// released, before the release is sent: fn commits what its holder
+// acknowledged under them and has not committed yet (a mount's
+// write-behind), so that the command waiting for the release sees it. It
+// may block on the cluster. Register before the first Grant.
+func (cp *Caps) OnRelease(fn func(inos []uint64)) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.onRelease = append(cp.onRelease, fn)
 }
 
 // Held reports whether the session holds a capability on ino that can be
@@ -567,6 +579,18 @@ func (cp *Caps) releaser(ctx context.Context) {
 		j := cp.c.k.journal.Load()
 		if j != nil {
 			j.admit.Lock()
+		}
+		cp.mu.Lock()
+		fns := cp.onRelease
+		cp.mu.Unlock()
+		if len(fns) > 0 {
+			inos := make([]uint64, len(refs))
+			for i, r := range refs {
+				inos[i] = r.Ino
+			}
+			for _, fn := range fns {
+				fn(inos)
+			}
 		}
 		if _, err := cp.c.k.apply(actx, cmd, 0); err != nil && ctx.Err() == nil {
 			cp.c.k.cfg.log.Warn("memfs: releasing capabilities failed", "n", len(refs), "err", err)

@@ -138,6 +138,58 @@ func (o *ClientOps) wantExclusive(ctx context.Context, dirs ...uint64) {
 	}
 }
 
+// holdForWrite takes an exclusive capability on a file before this mount
+// acknowledges writes to it that it has not committed, and reports
+// whether it holds one. While it does, another client's read of the file
+// recalls it, and the release first commits those writes (releasing), so
+// that read sees every byte written before it began; without one, the
+// writes must commit before they are answered. A refusal is not asked
+// again for a second.
+func (o *ClientOps) holdForWrite(ctx context.Context, ino uint64) bool {
+	if _, ok := o.meta.caps.ExclusiveEpoch(ino); ok {
+		return true
+	}
+	o.excl.mu.Lock()
+	recent := time.Since(o.excl.refused[ino]) < exclusiveRetry
+	o.excl.mu.Unlock()
+	if recent {
+		return false
+	}
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	if got, err := o.meta.caps.GrantExclusive(ctx, ino); err == nil && len(got) > 0 {
+		_, ok := o.meta.caps.ExclusiveEpoch(ino)
+		return ok
+	}
+	o.excl.mu.Lock()
+	if len(o.excl.refused) > 4096 {
+		clear(o.excl.refused)
+	}
+	o.excl.refused[ino] = time.Now()
+	o.excl.mu.Unlock()
+	return false
+}
+
+// collectHeld is collect for a buffering mount: writes are acknowledged
+// before they commit only under an exclusive capability on the file, and
+// the check and the collect happen under Journal.Admit, so a release of
+// the capability (which commits what was collected first) comes either
+// before the check or after the collect.
+func (o *ClientOps) collectHeld(ctx context.Context, f *openFile, off int64, data []byte) bool {
+	if !o.buffering() || f.append {
+		return o.collect(f, off, data)
+	}
+	if !o.holdForWrite(ctx, f.ino) {
+		return false
+	}
+	release := o.jr.Admit()
+	defer release()
+	if _, ok := o.meta.caps.ExclusiveEpoch(f.ino); !ok {
+		return false
+	}
+	return o.collect(f, off, data)
+}
+
 // bufReady returns dir's cached attributes when an operation in it may be
 // buffered.
 func (o *ClientOps) bufReady(dir uint64) (Attr, bool) {

@@ -121,6 +121,19 @@ func (o *ClientOps) recalled(inos []uint64) {
 	}
 }
 
+// releasing is the capability table's OnRelease: what this mount's
+// write-behind and attribute-behind acknowledged for the inodes is
+// committed before they go back, so the command that recalled them sees
+// every byte written before it began (and the journal goes first, as
+// before any command).
+func (o *ClientOps) releasing(inos []uint64) {
+	for _, ino := range inos {
+		if o.dirty(ino) {
+			o.barrier(ino)
+		}
+	}
+}
+
 func (o *ClientOps) invalidator() Invalidator {
 	if p := o.inv.Load(); p != nil {
 		return *p

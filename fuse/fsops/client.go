@@ -103,6 +103,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 	if caps := c.Caps(); caps != nil {
 		o.meta = newMetaCache(caps)
 		caps.OnRecall(o.recalled)
+		caps.OnRelease(o.releasing)
 		if opt.Buffered {
 			if jr, err := c.StartJournal(opt.Journal); err == nil {
 				o.jr = jr
@@ -172,7 +173,7 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 		// The size may predate writes already acknowledged.
 		return o.GetAttr(ctx, pa.GetIno())
 	}
-	return attrOf(pa), 0
+	return o.uncovered(attrOf(pa)), 0
 }
 
 // GetAttr implements Ops.
@@ -475,7 +476,7 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 		if n, ok := o.bufWrite(f, off, data); ok {
 			return n, 0
 		}
-		if o.collect(f, off, data) {
+		if o.collectHeld(ctx, f, off, data) {
 			return len(data), 0
 		}
 	}

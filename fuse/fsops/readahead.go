@@ -147,6 +147,16 @@ func (o *ClientOps) sharedCache() bool {
 	return o.opt.DataCache > 0 && o.watching.Load()
 }
 
+// sharedWindow reports whether ino's windows may answer any handle's
+// reads. With capabilities only while ino's holds: another mount may
+// acknowledge writes to a file before they commit, under an exclusive
+// capability, so no change event would tell this mount its windows went
+// stale; a read without a capability goes to the cluster, whose answer
+// recalls that capability first.
+func (o *ClientOps) sharedWindow(ino uint64) bool {
+	return o.sharedCache() && (!o.meta.on() || o.meta.caps.Held(ino))
+}
+
 // readCached answers a read from a window already held or being fetched,
 // without starting a fetch: small reads are random reads, for which a
 // window would fetch far more than asked. ok is false when the read must
@@ -172,7 +182,7 @@ func (o *ClientOps) readFrom(ctx context.Context, w *window, handle uint64, off 
 	case <-ctx.Done():
 		return 0, true, ctx.Err()
 	}
-	if !o.cache.usable(w, handle, o.sharedCache()) {
+	if !o.cache.usable(w, handle, o.sharedWindow(w.ino)) {
 		return 0, false, nil
 	}
 	if rel := off - w.off; rel < int64(len(w.data)) {
