@@ -92,6 +92,99 @@ func TestBufferedMountCrashLeavesPrefix(t *testing.T) {
 	}
 }
 
+// TestBufferedMountCrashKeepsGitConsistent kills a buffering mount (kill
+// -9) in the middle of `git add` and `git commit` of a repository on it,
+// at a different moment each round, and mounts again: the cluster holds a
+// prefix of what git did, and git writes objects before the refs that name
+// them, so `git fsck` passes and HEAD is the old commit or the new one.
+// A commit that returned, with its ref's directory synced, is there: fsync
+// of a file or directory commits the journal.
+func TestBufferedMountCrashKeepsGitConsistent(t *testing.T) {
+	requireFUSE(t)
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git not installed")
+	}
+	bin := memfsBinary(t)
+	cl := server.StartCluster(t, 3)
+	cluster := strings.Join(cl.APIAddrs(), ",")
+	src := t.TempDir()
+	for i := range 40 {
+		require.NoError(t, os.WriteFile(filepath.Join(src, fmt.Sprintf("f%02d.txt", i)), bytes.Repeat([]byte(fmt.Sprintf("line %d\n", i)), 200), 0o644))
+	}
+	mount := func() (string, int) {
+		dir := t.TempDir()
+		lazyUnmountAtCleanup(t, dir)
+		out, stderr, code := memfsCmd(t, bin, cluster, "mount", "--daemon", "--lease", "2s", dir)
+		require.Zero(t, code, stderr)
+		pid := daemonPID(t, out)
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+		return dir, pid
+	}
+	git := func(dir string, args ...string) (string, error) {
+		cmd := exec.Command("git", append([]string{"-c", "core.fsync=all", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "safe.directory=*"}, args...)...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	rng := rand.New(rand.NewPCG(3, 5))
+	for round := range 4 {
+		dir, pid := mount()
+		repo := filepath.Join(dir, fmt.Sprintf("repo%d", round))
+		require.NoError(t, os.Mkdir(repo, 0o755))
+		out, err := git(repo, "init", "-q")
+		require.NoError(t, err, out)
+		require.NoError(t, os.WriteFile(filepath.Join(repo, "base"), []byte("base\n"), 0o644))
+		out, err = git(repo, "add", "base")
+		require.NoError(t, err, out)
+		out, err = git(repo, "commit", "-q", "-m", "base")
+		require.NoError(t, err, out)
+		base, err := git(repo, "rev-parse", "HEAD")
+		require.NoError(t, err, base)
+
+		// The second commit, killed somewhere in it.
+		script := exec.Command("sh", "-c", "cp "+src+"/* . && git -c core.fsync=all -c user.name=t -c user.email=t@t -c safe.directory='*' add -A && git -c core.fsync=all -c user.name=t -c user.email=t@t -c safe.directory='*' commit -q -m second")
+		script.Dir = repo
+		require.NoError(t, script.Start())
+		var returned bool
+		if round < 3 {
+			time.Sleep(time.Duration(20+rng.IntN(1200)) * time.Millisecond) // the moment of the crash, not a wait for a condition
+			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+			returned = script.Wait() == nil
+		} else {
+			// The last round kills the mount right after the commit
+			// returned and its directory was synced: git fsyncs files
+			// (core.fsync=all) but not the directory whose rename
+			// publishes the new ref, so without it the rename may be lost
+			// here as on a local file system.
+			returned = script.Wait() == nil
+			require.True(t, returned, "the commit without a crash")
+			d, err := os.Open(filepath.Join(repo, ".git", "refs", "heads"))
+			require.NoError(t, err)
+			require.NoError(t, d.Sync())
+			require.NoError(t, d.Close())
+			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		}
+		waitFor(t, 10*time.Second, "mount dies", func() bool { return processGone(pid) })
+
+		again, _ := mount()
+		repo = filepath.Join(again, fmt.Sprintf("repo%d", round))
+		out, err = git(repo, "fsck", "--full")
+		require.NoError(t, err, "git fsck after the crash (round %d): %s", round, out)
+		head, err := git(repo, "rev-parse", "HEAD")
+		require.NoError(t, err, head)
+		msg, err := git(repo, "log", "-1", "--format=%s")
+		require.NoError(t, err, msg)
+		switch {
+		case round == 3:
+			require.Equal(t, "second\n", msg, "a commit that returned, its ref's directory synced, is kept")
+		case head == base:
+		default:
+			require.Equal(t, "second\n", msg, "HEAD is the old commit or the new one (round %d)", round)
+		}
+		t.Logf("round %d: commit returned before the kill: %v; HEAD after: %s", round, returned, strings.TrimSpace(msg))
+	}
+}
+
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		return s[:i]
