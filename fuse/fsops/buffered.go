@@ -302,12 +302,8 @@ func (o *ClientOps) bufRemove(parent uint64, name string, dir bool) (ok bool, e 
 		return false, 0 // it must outlive its name for its handles: pinned the cluster's way
 	}
 	if dir {
-		kids, ok := o.meta.list(ent.Ino)
-		if !ok {
-			return false, 0
-		}
-		if len(kids) > 2 {
-			return true, syscall.ENOTEMPTY
+		if known, e := o.emptyDir(ent.Ino); !known || e != 0 {
+			return known, e
 		}
 	}
 	now := time.Now()
@@ -322,6 +318,20 @@ func (o *ClientOps) bufRemove(parent uint64, name string, dir bool) (ok bool, e 
 	})
 	cmd := &pb.RemoveCmd{Loc: entry(parent, name), DirOnly: dir, FileOnly: !dir}
 	o.jr.Append(client.Buffered{Cmd: stamped(&pb.Command{Op: &pb.Command_Remove{Remove: cmd}}, now), Inos: []uint64{parent, ent.Ino}, Fences: fences})
+	return true, 0
+}
+
+// emptyDir decides from dir's cached listing whether it may be removed or
+// replaced: known false when the listing is not cached, ENOTEMPTY when it
+// has entries.
+func (o *ClientOps) emptyDir(dir uint64) (known bool, e syscall.Errno) {
+	kids, ok := o.meta.list(dir)
+	switch {
+	case !ok:
+		return false, 0
+	case len(kids) > 2: // "." and ".."
+		return true, syscall.ENOTEMPTY
+	}
 	return true, 0
 }
 
@@ -371,12 +381,8 @@ func (o *ClientOps) bufRename(parent uint64, name string, newParent uint64, newN
 			return false, 0
 		}
 		if dstDir {
-			kids, ok := o.meta.list(dst.Ino)
-			if !ok {
-				return false, 0
-			}
-			if len(kids) > 2 {
-				return true, syscall.ENOTEMPTY
+			if known, e := o.emptyDir(dst.Ino); !known || e != 0 {
+				return known, e
 			}
 		}
 	}
