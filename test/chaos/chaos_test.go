@@ -35,9 +35,12 @@ const cacherLease = 2 * time.Second
 
 // caching configures n caching clients on an in-process cluster, each
 // with two concurrent readers (as a mount serves concurrent requests), a
-// fifth of whose operations change things through the mount.
-func caching(c *harness.Cluster, n int) *workload.Caching {
-	return &workload.Caching{Readers: n, Workers: 2, Writes: 0.2, Lease: cacherLease, Dialer: c.Dialer,
+// fifth of whose operations change things through the mount; the first
+// buffered of them buffer (fsops.Options{Buffered: true}), and change
+// things in two operations of five: what a buffering mount is for.
+func caching(c *harness.Cluster, n, buffered int) *workload.Caching {
+	return &workload.Caching{Readers: n, Workers: 2, Writes: 0.2, Buffered: buffered, BufferedWrites: 0.4,
+		Lease: cacherLease, Dialer: c.Dialer,
 		Connect: func(ctx context.Context, name string, opts ...client.Option) (*client.Client, error) {
 			return c.Client(ctx, name, nil, opts...)
 		}}
@@ -82,6 +85,13 @@ type scenario struct {
 	// capabilities, which every other client's change to what they hold
 	// must recall first.
 	cachers int
+	// buffered of the cachers mount with buffered metadata: their
+	// creates, mkdirs and renames are answered before the cluster has
+	// them, and count once a sync confirms them.
+	buffered int
+	// script, when set, is the nemesis's order of faults (cycling)
+	// instead of a random draw from faults.
+	script []workload.Fault
 }
 
 var scenarios = []scenario{
@@ -189,9 +199,10 @@ func runHistory(t *testing.T, c *harness.Cluster, sc scenario, v variant, seed i
 	if sc.dataFiles > 0 {
 		r.Workload.DataFiles = sc.dataFiles
 	}
-	if len(sc.faults) > 0 || sc.lossy {
+	if len(sc.faults) > 0 || len(sc.script) > 0 || sc.lossy {
 		r.Nemesis = &workload.Nemesis{
 			Faults:  sc.faults,
+			Script:  sc.script,
 			HoldMin: 200 * time.Millisecond, HoldMax: 1500 * time.Millisecond,
 			CalmMin: 100 * time.Millisecond, CalmMax: 600 * time.Millisecond,
 			Lossy: workload.DefaultLossy, Always: sc.lossy,
@@ -201,7 +212,7 @@ func runHistory(t *testing.T, c *harness.Cluster, sc scenario, v variant, seed i
 		}
 	}
 	if sc.cachers > 0 {
-		r.Caching = caching(c, sc.cachers)
+		r.Caching = caching(c, sc.cachers, sc.buffered)
 	}
 	out := r.Execute(t, seed, c, connectTo(c))
 	if t.Failed() && sc.storage == harness.Memory {

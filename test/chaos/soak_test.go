@@ -32,18 +32,28 @@ type soakTotals struct {
 	Operations   int `json:"operations"`
 	UnknownOps   int `json:"unknown_operations"`
 	// What the caching readers did (workload.CacheStats), summed.
-	CachingHistories int            `json:"histories_with_caching_readers"`
-	CachingOps       int            `json:"caching_reader_operations"`
-	LocalAnswers     int            `json:"caching_reader_local_answers"`
-	Recalls          int            `json:"caching_reader_inodes_recalled"`
-	Freezes          int            `json:"caching_reader_freezes"`
-	Kills            int            `json:"caching_reader_kills"`
-	Durability       int            `json:"durability_runs"`
-	AckedWrites      int            `json:"acked_writes_checked"`
-	UnackedWrites    int            `json:"unacked_writes_checked"`
-	FailedSubtests   []string       `json:"failed"`
-	ByScenario       map[string]int `json:"histories_by_scenario"`
-	Seconds          float64        `json:"seconds"`
+	CachingHistories int `json:"histories_with_caching_readers"`
+	CachingOps       int `json:"caching_reader_operations"`
+	LocalAnswers     int `json:"caching_reader_local_answers"`
+	Recalls          int `json:"caching_reader_inodes_recalled"`
+	Freezes          int `json:"caching_reader_freezes"`
+	Kills            int `json:"caching_reader_kills"`
+	// What the buffering clients did (workload.BufferStats), summed.
+	BufferingHistories int            `json:"histories_with_buffering_clients"`
+	BufferedAnswers    int            `json:"buffered_changes_answered_locally"`
+	Syncs              int            `json:"buffering_syncs"`
+	FailedSyncs        int            `json:"buffering_failed_syncs"`
+	Confirmed          int            `json:"buffered_answers_confirmed"`
+	Voided             int            `json:"buffered_answers_voided"`
+	JournalBatches     int            `json:"journal_batches"`
+	JournalCommitted   int            `json:"journal_operations_committed"`
+	JournalLost        int            `json:"journal_operations_lost"`
+	Durability         int            `json:"durability_runs"`
+	AckedWrites        int            `json:"acked_writes_checked"`
+	UnackedWrites      int            `json:"unacked_writes_checked"`
+	FailedSubtests     []string       `json:"failed"`
+	ByScenario         map[string]int `json:"histories_by_scenario"`
+	Seconds            float64        `json:"seconds"`
 	// MaxHeapMiB and MaxGoroutines are the largest live heap (after a GC)
 	// and goroutine count seen by the minute-by-minute memory log; a leak
 	// shows as growth with the number of clusters run.
@@ -92,9 +102,12 @@ func envInt(name string, def int) int {
 // Caching readers join half the clusters whose scenario keeps the clock
 // assumption (all but ClockJumps); with MEMFS_SOAK_CACHING=all every
 // cluster has them (ClockJumps is then never drawn), for a soak of the
-// capabilities. A replay needs the same setting.
+// capabilities. With MEMFS_SOAK_BUFFERED=on some of the caching clients
+// of each such cluster (1 or all, drawn per seed) mount with buffered
+// metadata. A replay needs the same settings.
 func TestSoak(t *testing.T) {
 	allCaching := os.Getenv("MEMFS_SOAK_CACHING") == "all"
+	buffering := os.Getenv("MEMFS_SOAK_BUFFERED") == "on"
 	pool := scenarios
 	if allCaching {
 		pool = nil
@@ -137,6 +150,13 @@ func TestSoak(t *testing.T) {
 				sc.name += fmt.Sprintf("+k%d", sc.cachers)
 			}
 		}
+		if buffering && sc.cachers > 0 {
+			sc.buffered = workload.SoakBuffered(seed, sc.cachers)
+			if sc.name == "CachingReaders" {
+				sc.name += fmt.Sprintf("+k%d", sc.cachers)
+			}
+			sc.name += fmt.Sprintf("b%d", sc.buffered)
+		}
 		t.Run(fmt.Sprintf("%s/%v/seed%d", sc.name, v, seed), func(t *testing.T) {
 			t.Parallel()
 			soakCluster(t, tot, sc, v, seed, phases, d)
@@ -166,6 +186,17 @@ func soakCluster(t *testing.T, tot *soakTotals, sc scenario, v variant, seed int
 				tot.Recalls += int(cs.Recalls.Load())
 				tot.Freezes += int(cs.Freezes.Load())
 				tot.Kills += int(cs.Kills.Load())
+				if sc.buffered > 0 {
+					tot.BufferingHistories++
+					tot.BufferedAnswers += int(cs.Answered.Load())
+					tot.Syncs += int(cs.Syncs.Load())
+					tot.FailedSyncs += int(cs.FailedSyncs.Load())
+					tot.Confirmed += int(cs.Confirmed.Load())
+					tot.Voided += int(cs.Voided.Load())
+					tot.JournalBatches += int(cs.Batches.Load())
+					tot.JournalCommitted += int(cs.Committed.Load())
+					tot.JournalLost += int(cs.Lost.Load())
+				}
 			}
 			switch out.Verdict.Result {
 			case porcupine.Ok:

@@ -57,6 +57,51 @@ func (c *Call) End(out Output) {
 // nothing.
 func (c *Call) Discard() {}
 
+// Invoked is when the call was invoked, on the recorder's clock (Now).
+func (c *Call) Invoked() int64 { return c.call }
+
+// Now is the recorder's clock: nanoseconds since the history began.
+func (r *Recorder) Now() int64 { return r.now() }
+
+// Held is an operation whose response has arrived but which is kept out
+// of the history until its outcome is settled: the answer of a client
+// that acknowledges changes before the cluster has them (a buffering
+// mount), which a crash or a revoked capability can still take back.
+type Held struct {
+	c   *Call
+	out Output
+	ret int64
+}
+
+// Hold takes the response now, with its return time, and records
+// nothing yet: Confirm or Void decides how it enters the history.
+func (c *Call) Hold(out Output) *Held { return &Held{c: c, out: out, ret: c.r.now()} }
+
+// Invoked is when the held call was invoked, on the recorder's clock.
+func (h *Held) Invoked() int64 { return h.c.call }
+
+// Confirm records the operation as it returned, at the time it returned:
+// its outcome is known to stand.
+func (h *Held) Confirm() {
+	if h.out.Unknown {
+		h.c.End(h.out)
+		return
+	}
+	h.c.r.add(porcupine.Operation{ClientId: h.c.client, Input: h.c.in, Call: h.c.call, Output: h.out, Return: h.ret})
+}
+
+// Void records the operation as of unknown outcome, since what it
+// answered may never have reached the cluster: a change may or may not
+// have taken effect (porcupine's convention, as End with Unknown), and a
+// read, whose answer may rest on such changes, is left out: it then
+// constrains nothing.
+func (h *Held) Void() {
+	if h.c.in.Kind.IsRead() {
+		return
+	}
+	h.c.End(Output{Unknown: true})
+}
+
 func (r *Recorder) add(op porcupine.Operation) {
 	r.mu.Lock()
 	r.ops = append(r.ops, op)

@@ -256,3 +256,27 @@ func TestRecordedViolation(t *testing.T) {
 	require.Contains(t, s, "key /h8/d/f2")
 	require.NotContains(t, s, "key /h8/d/f0")
 }
+
+// TestHeld: a held answer enters the history only when settled: confirmed,
+// as it returned; voided, a change as of unknown outcome and a read not
+// at all.
+func TestHeld(t *testing.T) {
+	r := NewRecorder()
+	mk := r.Begin(0, ns(KindMkdir, "a", ""))
+	ls := r.Begin(0, Input{Kind: KindReadDir, Key: "/g0"})
+	ok := r.Begin(1, ns(KindCreate, "b", ""))
+	hm, hl, ho := mk.Hold(Output{}), ls.Hold(Output{Names: []string{"a/"}}), ok.Hold(Output{})
+	require.Empty(t, r.Operations())
+	require.Equal(t, mk.Invoked(), hm.Invoked())
+	ho.Confirm()
+	hm.Void()
+	hl.Void()
+	ops := r.Operations()
+	require.Len(t, ops, 2)
+	require.Equal(t, Output{}, ops[0].Output)
+	require.Less(t, ops[0].Return, int64(math.MaxInt64))
+	require.GreaterOrEqual(t, ops[0].Return, ops[0].Call)
+	require.Equal(t, Output{Unknown: true}, ops[1].Output)
+	require.Equal(t, int64(math.MaxInt64), ops[1].Return)
+	require.Equal(t, KindMkdir, ops[1].Input.(Input).Kind)
+}

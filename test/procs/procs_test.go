@@ -68,7 +68,7 @@ func TestProcessesNemesis(t *testing.T) {
 			t.Parallel()
 			seed := workload.Seed(t)
 			c := Start(t, memfsBin, Options{Nodes: v.nodes, Seed: seed, Args: serverArgs})
-			processHistory(t, c, seed, duration(), "", v.cachers)
+			processHistory(t, c, seed, duration(), "", v.cachers, 0)
 		})
 	}
 }
@@ -83,8 +83,9 @@ var processFaults = []workload.Fault{workload.PartitionHalves, workload.IsolateL
 const cacherLease = 2 * time.Second
 
 // processHistory runs and checks one history on c, its keys under prefix,
-// with cachers caching readers beside the 4 clients.
-func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefix string, cachers int) workload.Outcome {
+// with cachers caching readers beside the 4 clients, the first buffered of
+// which buffer.
+func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefix string, cachers, buffered int) workload.Outcome {
 	r := workload.Run{
 		Clients: 4, Duration: d,
 		Workload: workload.Config{DataFiles: 3, Groups: 2, OpTimeout: 5 * time.Second, Prefix: prefix},
@@ -99,7 +100,8 @@ func processHistory(t *testing.T, c *Cluster, seed int64, d time.Duration, prefi
 		r.Nemesis.Faults = append(append([]workload.Fault(nil), processFaults...),
 			workload.FreezeCacher, workload.FreezeCacher, workload.KillCacher)
 		r.Nemesis.FreezeMin, r.Nemesis.FreezeMax = cacherLease/2, 2*cacherLease
-		r.Caching = &workload.Caching{Readers: cachers, Workers: 2, Writes: 0.2, Lease: cacherLease, Dialer: c.Dialer, Connect: c.Client}
+		r.Caching = &workload.Caching{Readers: cachers, Workers: 2, Writes: 0.2, Buffered: buffered, BufferedWrites: 0.4,
+			Lease: cacherLease, Dialer: c.Dialer, Connect: c.Client}
 	}
 	return r.Execute(t, seed, c, connectTo(c))
 }

@@ -23,6 +23,13 @@ type Caching struct {
 	// Writes is the share of the readers' operations that change things
 	// through the mount (CachingReader.Writes).
 	Writes float64
+	// Buffered is how many of the caching clients (k0, k1...: the first
+	// ones, and their replacements) mount with buffered metadata
+	// (NewBufferingReaders), their journals bounded by Journal, their
+	// readers' share of changes BufferedWrites (Writes when 0).
+	Buffered       int
+	Journal        client.JournalOptions
+	BufferedWrites float64
 	// Lease is the readers' session lease: how long a frozen or dead
 	// reader can hold up another session's command, and so how long a
 	// freeze must last for its capabilities to be revoked.
@@ -41,6 +48,7 @@ var errKilled = errors.New("workload: caching reader killed")
 type cacher struct {
 	c    *client.Client
 	rs   []*CachingReader
+	conf *confirmer // a buffering client's, else nil
 	stop context.CancelFunc
 	done sync.WaitGroup // its Run and Watch
 	kill func()
@@ -64,7 +72,7 @@ type cacherSet struct {
 	live    map[string]*cacher
 	order   []string
 	all     []*cacher
-	starts  sync.WaitGroup // replacements being connected
+	starts  sync.WaitGroup // replacements being connected, buffering clients being unmounted
 	closers sync.WaitGroup // clients being closed
 }
 
@@ -89,26 +97,50 @@ func CachingOptions(lease time.Duration, dial client.Dialer) []client.Option {
 		client.WithAttemptTimeout(time.Second), client.WithDialer(dial)}
 }
 
+// BufferingOptions are CachingOptions for a buffering client. Its journal
+// sends each batch for at most 4 leases (the mount's default is 30 s): a
+// batch that runs out is lost (its answers voided, which is sound), and
+// the journal of a dead client gives up on its last batch that much
+// sooner, which is what bounds how long a killed client's readers and
+// close take.
+func BufferingOptions(lease time.Duration, dial client.Dialer) []client.Option {
+	return append(CachingOptions(lease, dial), client.WithRetryTimeout(4*lease))
+}
+
 // start connects reader name and runs it until ctx ends or it is killed.
 func (s *cacherSet) start(connectCtx context.Context, name string) error {
 	k := &cacher{}
 	var dial client.Dialer
 	dial, k.kill = Killable(s.cfg.Dialer(name))
-	c, err := s.cfg.Connect(connectCtx, name, CachingOptions(s.cfg.Lease, dial)...)
+	buffered := s.buffered(name)
+	opts := CachingOptions(s.cfg.Lease, dial)
+	if buffered {
+		opts = BufferingOptions(s.cfg.Lease, dial)
+	}
+	c, err := s.cfg.Connect(connectCtx, name, opts...)
 	if err != nil {
 		return fmt.Errorf("caching reader %s: %w", name, err)
 	}
 	n := max(1, s.cfg.Workers)
 	k.c = c
-	k.rs = NewCachingReaders(int(s.nextID.Add(int64(n))-int64(n)), n, name, c, s.wl, s.rec, s.st, s.cs)
+	first := int(s.nextID.Add(int64(n)) - int64(n))
+	if buffered {
+		k.rs = NewBufferingReaders(first, n, name, c, s.cfg.Journal, s.wl, s.rec, s.st, s.cs)
+		k.conf = k.rs[0].conf
+	} else {
+		k.rs = NewCachingReaders(first, n, name, c, s.wl, s.rec, s.st, s.cs)
+	}
 	for _, r := range k.rs {
 		r.Writes = s.cfg.Writes
+		if buffered && s.cfg.BufferedWrites > 0 {
+			r.Writes = s.cfg.BufferedWrites
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		// The phase ended while it connected: nothing to run.
-		s.closeLater(c)
+		s.closeLater(k)
 		return nil
 	}
 	ctx, stop := context.WithCancel(s.ctx)
@@ -122,6 +154,16 @@ func (s *cacherSet) start(connectCtx context.Context, name string) error {
 	s.order = append(s.order, name)
 	s.all = append(s.all, k)
 	return nil
+}
+
+// buffered reports whether caching client name (k0, or a replacement
+// k0.1, k0.1.2...) buffers: the first cfg.Buffered of them do.
+func (s *cacherSet) buffered(name string) bool {
+	var i int
+	if _, err := fmt.Sscanf(name, "k%d", &i); err != nil {
+		return false
+	}
+	return i < s.cfg.Buffered
 }
 
 // names lists the live readers.
@@ -155,9 +197,28 @@ func (s *cacherSet) kill(name string, graceful bool) {
 	if !graceful {
 		k.kill()
 		s.net.ResetConns(name)
+		if k.conf != nil {
+			// Whatever it answered and did not sync may be lost.
+			k.conf.kill()
+		}
 	}
 	k.stop()
-	s.closeLater(k.c)
+	if graceful && k.conf != nil {
+		// An unmount: the journal is synced before the session ends,
+		// which confirms what it answered. The history waits for it
+		// (settle), since the answers it settles are in no history yet.
+		s.starts.Add(1)
+		go func() {
+			defer s.starts.Done()
+			k.done.Wait()
+			ctx, cancel := context.WithTimeout(context.Background(), 4*s.cfg.Lease)
+			defer cancel()
+			_ = k.conf.finish(ctx)
+			s.closeLater(k)
+		}()
+	} else {
+		s.closeLater(k)
+	}
 	// The replacement connects in the background: the cluster may be
 	// partitioned now, and the nemesis must not wait for it.
 	repl := fmt.Sprintf("%s.%d", name, s.gen.Add(1))
@@ -173,9 +234,22 @@ func (s *cacherSet) kill(name string, graceful bool) {
 	}()
 }
 
-func (s *cacherSet) closeLater(c *client.Client) {
+// closeLater closes k's client in the background: first its journal,
+// which a killed client's readers may still be waiting on (a dead client
+// gives up on its last batch after its retry timeout), so that the
+// journal's goroutine ends and its session's close does not sync.
+func (s *cacherSet) closeLater(k *cacher) {
 	s.closers.Add(1)
-	go func() { defer s.closers.Done(); _ = c.Close() }()
+	go func() {
+		defer s.closers.Done()
+		if k.conf != nil {
+			k.conf.kill() // no-op unless nothing settled it
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // nothing more is synced: only the goroutine is stopped
+			_ = k.conf.jr.Close(ctx)
+		}
+		_ = k.c.Close()
+	}()
 }
 
 // settle waits for the readers of the faulty phase to stop and for the
@@ -190,24 +264,51 @@ func (s *cacherSet) settle() {
 	}
 }
 
-// readers returns the live readers.
-func (s *cacherSet) readers() []*CachingReader {
+// finalReads has every live reader read every key (ReadAll), collecting
+// the reads that failed. A buffering client first syncs what it answered
+// during the faulty phase, and after its reads settles everything (its
+// answers so far would otherwise be in no history).
+func (s *cacherSet) finalReads(ctx context.Context, timeout time.Duration, collect func([]string)) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*CachingReader
+	var live []*cacher
 	for _, n := range s.order {
 		if k := s.live[n]; k != nil {
-			out = append(out, k.rs...)
+			live = append(live, k)
 		}
 	}
-	return out
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, k := range live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, r := range k.rs {
+				r.cfg.OpTimeout = timeout
+			}
+			if k.conf != nil {
+				_ = k.rs[0].Sync(ctx)
+			}
+			var rw sync.WaitGroup
+			for _, r := range k.rs {
+				rw.Add(1)
+				go func() { defer rw.Done(); collect(r.ReadAll(ctx)) }()
+			}
+			rw.Wait()
+			if k.conf != nil {
+				sctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				_ = k.conf.finish(sctx)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // close closes every client and waits for all closes.
 func (s *cacherSet) close() {
 	s.mu.Lock()
 	for _, k := range s.live {
-		s.closeLater(k.c)
+		s.closeLater(k)
 	}
 	s.live = map[string]*cacher{}
 	s.mu.Unlock()
@@ -224,4 +325,15 @@ func SoakCachers(seed int64, all bool) int {
 		return 1 + r.IntN(2)
 	}
 	return max(0, r.IntN(4)-1)
+}
+
+// SoakBuffered draws how many of the cachers caching clients of a soak
+// cluster buffer (with MEMFS_SOAK_BUFFERED=on): one or all of them, half
+// the time each, from its own generator (see SoakCachers).
+func SoakBuffered(seed int64, cachers int) int {
+	r := randv2.New(randv2.NewPCG(uint64(seed), 0xb5ad4eceda1ce2a9))
+	if cachers <= 1 || r.IntN(2) == 0 {
+		return min(1, cachers)
+	}
+	return cachers
 }

@@ -40,7 +40,14 @@ import (
 // lookups, which is not atomic against renames (neither is the kernel's
 // path walk), so their answers need not be linearizable. So are remove
 // (the mount has unlink and rmdir, and which one applies takes a lookup)
-// and chmod (a setattr by inode, found by a lookup).
+// and chmod (a setattr by inode, found by a lookup), except that a
+// buffering reader removes (see CachingReader.remove for how its answers
+// stay sound).
+//
+// A reader over a mount that buffers (NewBufferingReaders) has its
+// answers held until a sync of the journal confirms them (buffering.go),
+// makes its changes in a group in bursts, and syncs as one of its
+// operations.
 
 // CacheStats count what the caching readers of a run did.
 type CacheStats struct {
@@ -54,11 +61,17 @@ type CacheStats struct {
 	Recalls atomic.Int64
 	// Freezes and Kills count the nemesis's episodes against the readers.
 	Freezes, Kills atomic.Int64
+	// What the buffering ones did (buffering.go).
+	BufferStats
 }
 
 func (s *CacheStats) String() string {
-	return fmt.Sprintf("caching readers: %d ops, %d answered locally, %d inodes recalled; %d freezes, %d kills",
+	out := fmt.Sprintf("caching readers: %d ops, %d answered locally, %d inodes recalled; %d freezes, %d kills",
 		s.Ops.Load(), s.Local.Load(), s.Recalls.Load(), s.Freezes.Load(), s.Kills.Load())
+	if s.Syncs.Load() > 0 || s.Confirmed.Load()+s.Voided.Load() > 0 {
+		out += "; " + s.BufferStats.String()
+	}
+	return out
 }
 
 // maxLocalPause bounds the pause after an answer from the cache.
@@ -84,9 +97,29 @@ type CachingReader struct {
 	inos map[string]uint64 // keys' inodes (data files, groups) and their directories'
 	n    int               // tokens written
 
+	// conf holds the answers of a buffering client until a sync settles
+	// them (buffering.go); nil for a caching client that does not buffer.
+	conf *confirmer
+	// A buffering reader's change in a group starts a burst: up to
+	// maxBurst-1 more operations in the same group, changes and reads,
+	// without think time, as a program unpacking files does. Plain
+	// clients' reads of the group recall its exclusive capability
+	// within milliseconds, so changes one at a time would rarely find
+	// it still held; in a burst the later ones are answered from it.
+	burstKey string
+	burst    int
+
 	// Writes is the share of operations that change things (see above).
 	Writes float64
 }
+
+// syncShare is the share of a buffering reader's operations that sync its
+// client's journal (as an fsync would), so that its answers are confirmed
+// during the history and not only at its end.
+const syncShare = 0.05
+
+// maxBurst bounds a buffering reader's bursts (see CachingReader.burst).
+const maxBurst = 10
 
 // NewCachingReader makes reader id over c, which must have been made
 // client.WithCaps; its choices follow cfg.Seed and id. It registers its
@@ -99,24 +132,68 @@ func NewCachingReader(id int, name string, c *client.Client, cfg Config, rec *mo
 // fsops.ClientOps over c: concurrent streams through one mount, as the
 // kernel sends a mount concurrent requests.
 func NewCachingReaders(firstID, n int, name string, c *client.Client, cfg Config, rec *model.Recorder, st *Stats, cs *CacheStats) []*CachingReader {
+	return newCachingReaders(firstID, n, name, c, fsops.Options{}, cfg, rec, st, cs)
+}
+
+// NewBufferingReaders is NewCachingReaders over a mount that buffers
+// (fsops.Options{Buffered: true}, with jopt bounding its journal's
+// batches). Their answers enter the history once a sync confirms them
+// (buffering.go); a share of their operations is such a sync (Sync).
+func NewBufferingReaders(firstID, n int, name string, c *client.Client, jopt client.JournalOptions, cfg Config, rec *model.Recorder, st *Stats, cs *CacheStats) []*CachingReader {
+	return newCachingReaders(firstID, n, name, c, fsops.Options{Buffered: true, Journal: jopt}, cfg, rec, st, cs)
+}
+
+func newCachingReaders(firstID, n int, name string, c *client.Client, opt fsops.Options, cfg Config, rec *model.Recorder, st *Stats, cs *CacheStats) []*CachingReader {
 	if cfg.OpTimeout == 0 {
 		cfg.OpTimeout = 5 * time.Second
 	}
 	// The operation time limit is the context's (cfg.OpTimeout); the
 	// mount's own bound must not cut it shorter.
-	ops := fsops.New(c, fsops.Options{OpTimeout: time.Minute})
+	opt.OpTimeout = time.Minute
+	ops := fsops.New(c, opt)
 	if caps := c.Caps(); caps != nil {
 		caps.OnRecall(func(inos []uint64) { cs.Recalls.Add(int64(len(inos))) })
+	}
+	var conf *confirmer
+	if opt.Buffered {
+		// fsops.New started the client's journal.
+		if jr := c.Journal(); jr != nil {
+			conf = newConfirmer(jr, rec, cs)
+		}
 	}
 	out := make([]*CachingReader, n)
 	for i := range out {
 		id := firstID + i
-		out[i] = &CachingReader{ID: id, Name: name, C: c, Ops: ops, cfg: cfg, rec: rec, st: st, cs: cs,
+		out[i] = &CachingReader{ID: id, Name: name, C: c, Ops: ops, cfg: cfg, rec: rec, st: st, cs: cs, conf: conf,
 			rng:    rand.New(rand.NewSource(cfg.Seed*7919 + int64(id))),
 			pauses: rand.New(rand.NewSource(cfg.Seed*7907 + int64(id))),
 			inos:   map[string]uint64{}}
 	}
 	return out
+}
+
+// Killed tells a buffering reader that its client was killed, as the
+// nemesis does: every answer not yet confirmed is voided, and so is every
+// later one (buffering.go).
+func (r *CachingReader) Killed() {
+	if r.conf != nil {
+		r.conf.kill()
+	}
+}
+
+// Buffering reports whether r's mount buffers.
+func (r *CachingReader) Buffering() bool { return r.conf != nil }
+
+// Sync commits the journal of r's client and confirms the answers it can
+// (buffering.go): nil when every answer that returned before it is now in
+// the history as it returned. Nothing for a reader that does not buffer.
+func (r *CachingReader) Sync(ctx context.Context) error {
+	if r.conf == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
+	defer cancel()
+	return r.conf.sync(ctx)
 }
 
 // Watch follows the change stream as the mount does (fsops.ClientOps.Watch,
@@ -142,6 +219,8 @@ const (
 	viaCreate                 // KindCreate: create(O_EXCL), release
 	viaMkdir                  // KindMkdir
 	viaRename                 // KindRename of top-level names
+	viaRemove                 // KindRemove of a top-level name: lookup, then unlink or rmdir (buffering readers)
+	viaSync                   // no model operation: a sync of a buffering client's journal
 )
 
 // CachedOp is one operation of a caching reader.
@@ -174,6 +253,28 @@ func List(key string) CachedOp {
 	return CachedOp{In: model.Input{Kind: model.KindReadDir, Key: key}, Via: viaReadDir}
 }
 
+// Change is a change through the mount, for tests that script one: a
+// write or append to a data file, or a create, mkdir or rename of
+// top-level names of a group.
+func Change(in model.Input) CachedOp {
+	op := CachedOp{In: in}
+	switch in.Kind {
+	case model.KindWrite, model.KindAppend:
+		op.Via = viaWrite
+	case model.KindCreate:
+		op.Via = viaCreate
+	case model.KindMkdir:
+		op.Via = viaMkdir
+	case model.KindRename:
+		op.Via = viaRename
+	case model.KindRemove:
+		op.Via = viaRemove
+	default:
+		panic("workload: not a change a caching reader makes: " + in.Kind.String())
+	}
+	return op
+}
+
 // Run performs operations until ctx ends or MaxOps are done.
 func (r *CachingReader) Run(ctx context.Context) {
 	for i := 0; r.cfg.MaxOps == 0 || i < r.cfg.MaxOps; i++ {
@@ -181,6 +282,9 @@ func (r *CachingReader) Run(ctx context.Context) {
 			return
 		}
 		a := r.Do(ctx, r.Next())
+		if r.burst > 0 {
+			continue // a burst runs without think time
+		}
 		pause := r.cfg.Pause
 		if a.Local && pause < maxLocalPause {
 			// The cache answers in microseconds: without a pause one
@@ -206,8 +310,18 @@ func (r *CachingReader) Next() CachedOp {
 	case share == 0:
 		share = 0.5
 	}
-	// Drawn only when writing, so that a reader that does not draws the
-	// sequence it always did.
+	// Drawn only when buffering (writing), so that a reader that does
+	// not draws the sequence it always did.
+	if r.conf != nil && r.rng.Float64() < syncShare {
+		return CachedOp{Via: viaSync}
+	}
+	if r.burst > 0 {
+		r.burst--
+		if r.rng.Intn(3) == 0 {
+			return r.groupRead(r.burstKey)
+		}
+		return r.groupChange(r.burstKey)
+	}
 	write := r.Writes > 0 && r.rng.Float64() < r.Writes
 	if r.rng.Float64() < share {
 		key := r.cfg.DataKey(r.rng.Intn(r.cfg.DataFiles))
@@ -232,17 +346,39 @@ func (r *CachingReader) Next() CachedOp {
 	}
 	key := r.cfg.GroupKey(r.rng.Intn(r.cfg.Groups))
 	if write {
-		name := model.Top[r.rng.Intn(len(model.Top))]
-		switch k := r.rng.Intn(3); k {
-		case 0:
-			return CachedOp{In: model.Input{Kind: model.KindCreate, Key: key, Path: name, Perm: perms[r.rng.Intn(len(perms))]}, Via: viaCreate}
-		case 1:
-			return CachedOp{In: model.Input{Kind: model.KindMkdir, Key: key, Path: name, Perm: 0o755}, Via: viaMkdir}
-		default:
-			to := model.Top[r.rng.Intn(len(model.Top))]
-			return CachedOp{In: model.Input{Kind: model.KindRename, Key: key, Path: name, Path2: to}, Via: viaRename}
+		if r.conf != nil {
+			r.burstKey, r.burst = key, r.rng.Intn(maxBurst)
 		}
+		return r.groupChange(key)
 	}
+	return r.groupRead(key)
+}
+
+// groupChange draws a create, mkdir or rename of top-level names of group
+// key, or, for a buffering reader, a remove (which frees names: with three
+// of them a group is soon full, and every create and mkdir fails).
+func (r *CachingReader) groupChange(key string) CachedOp {
+	name := model.Top[r.rng.Intn(len(model.Top))]
+	kinds := 3
+	if r.conf != nil {
+		kinds = 4
+	}
+	switch k := r.rng.Intn(kinds); k {
+	case 3:
+		return CachedOp{In: model.Input{Kind: model.KindRemove, Key: key, Path: name}, Via: viaRemove}
+	case 0:
+		return CachedOp{In: model.Input{Kind: model.KindCreate, Key: key, Path: name, Perm: perms[r.rng.Intn(len(perms))]}, Via: viaCreate}
+	case 1:
+		return CachedOp{In: model.Input{Kind: model.KindMkdir, Key: key, Path: name, Perm: 0o755}, Via: viaMkdir}
+	default:
+		to := model.Top[r.rng.Intn(len(model.Top))]
+		return CachedOp{In: model.Input{Kind: model.KindRename, Key: key, Path: name, Path2: to}, Via: viaRename}
+	}
+}
+
+// groupRead draws a lookup of a top-level name of group key or a listing
+// of it.
+func (r *CachingReader) groupRead(key string) CachedOp {
 	switch k := r.rng.Intn(100); {
 	case k < 60:
 		return CachedOp{In: model.Input{Kind: model.KindStat, Key: key, Path: model.Top[r.rng.Intn(len(model.Top))]}, Via: viaLookup}
@@ -303,6 +439,10 @@ type Answer struct {
 
 // Do runs op and records it.
 func (r *CachingReader) Do(ctx context.Context, op CachedOp) Answer {
+	if op.Via == viaSync {
+		_ = r.Sync(ctx) // a failure voids what it must (buffering.go)
+		return Answer{}
+	}
 	octx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
 	if err := r.prepare(octx, op.In.Key); err != nil {
@@ -317,11 +457,14 @@ func (r *CachingReader) Do(ctx context.Context, op CachedOp) Answer {
 	read := op.In.Kind.IsRead()
 	switch {
 	case e == 0:
-		call.End(out)
+		r.end(call, out)
 		r.st.OK.Add(1)
 		if r.C.Calls() == before {
 			ans.Local = true
 			r.cs.Local.Add(1)
+			if r.conf != nil && !read {
+				r.cs.Answered.Add(1)
+			}
 		}
 	case read && (e == syscall.ENOENT || e == syscall.ENOTDIR),
 		!read && !op.In.Kind.IsData() && definite[e]:
@@ -329,8 +472,11 @@ func (r *CachingReader) Do(ctx context.Context, op CachedOp) Answer {
 		// them the model refuses ENOENT: a cache that lost a name fails
 		// the check instead of being dropped as a failed read.
 		ans.Out = model.Output{Err: e}
-		call.End(ans.Out)
+		r.end(call, ans.Out)
 		r.st.Failed.Add(1)
+		if r.conf != nil && !read && r.C.Calls() == before {
+			r.cs.Answered.Add(1)
+		}
 	case read:
 		call.Discard()
 		r.st.Discarded.Add(1)
@@ -342,6 +488,17 @@ func (r *CachingReader) Do(ctx context.Context, op CachedOp) Answer {
 		after()
 	}
 	return ans
+}
+
+// end records an answer: at once, or, from a buffering client, once a
+// sync settles it (buffering.go). Answers of unknown outcome and dropped
+// reads need no settling: they claim nothing.
+func (r *CachingReader) end(call *model.Call, out model.Output) {
+	if r.conf != nil {
+		r.conf.hold(call, out)
+		return
+	}
+	call.End(out)
 }
 
 // prepare resolves, before anything is recorded, the inodes of a key and
@@ -438,15 +595,52 @@ func (r *CachingReader) invoke(ctx context.Context, op CachedOp) (model.Output, 
 		return model.Output{}, e, nil
 	case viaRename:
 		return model.Output{}, r.Ops.Rename(ctx, ino, in.Path, ino, in.Path2, root), nil
+	case viaRemove:
+		return model.Output{}, r.remove(ctx, ino, in.Path), nil
 	}
 	return model.Output{}, syscall.EINVAL, nil
 }
 
-// release closes a handle once the operation is recorded.
+// remove is MemoryFS's delete through the mount: a lookup says whether
+// the name is a directory, then rmdir or unlink, both inside the recorded
+// interval. An ENOENT of either, and ENOTEMPTY, are what a remove at that
+// moment answers. When the name changed type in between (EISDIR from
+// unlink, ENOTDIR from rmdir) nothing was removed, but the model's remove
+// would have removed it: the answer is made one of unknown outcome
+// (EAGAIN is not definite), which is always sound.
+func (r *CachingReader) remove(ctx context.Context, dir uint64, name string) syscall.Errno {
+	a, e := r.Ops.Lookup(ctx, dir, name)
+	if e != 0 {
+		return e
+	}
+	if a.IsDir() {
+		e = r.Ops.Rmdir(ctx, dir, name, root)
+	} else {
+		e = r.Ops.Unlink(ctx, dir, name, root)
+	}
+	if e == syscall.EISDIR || e == syscall.ENOTDIR {
+		return syscall.EAGAIN
+	}
+	return e
+}
+
+// release closes a handle once the operation is recorded. The mount's
+// release does not stop at its context's end (the handle must be closed
+// even when the caller gave up) but retries for the mount's time limit, a
+// minute here, which a killed client's release spends in full; the reader
+// waits 2 s at most and leaves the rest to the background.
 func (r *CachingReader) release(ino, h uint64) func() {
 	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = r.Ops.Release(ctx, ino, h)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = r.Ops.Release(context.Background(), ino, h)
+		}()
+		t := time.NewTimer(2 * time.Second)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+		}
 	}
 }

@@ -150,11 +150,8 @@ func (r Run) Execute(t testing.TB, seed int64, target Target, connect Connect) O
 		go func() { defer wg.Done(); collect(w.ReadAll(final)) }()
 	}
 	if cachers != nil {
-		for _, cr := range cachers.readers() {
-			cr.cfg.OpTimeout = 30 * time.Second
-			wg.Add(1)
-			go func() { defer wg.Done(); collect(cr.ReadAll(final)) }()
-		}
+		wg.Add(1)
+		go func() { defer wg.Done(); cachers.finalReads(final, 30*time.Second, collect) }()
 	}
 	wg.Wait()
 	for _, f := range failed {
