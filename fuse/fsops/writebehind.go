@@ -41,7 +41,7 @@ import (
 
 const (
 	writeBuf   = 1 << 20 // the largest single-message write (pb.MaxMessageData)
-	writeDepth = 4       // buffers of one handle being committed at once
+	writeDepth = 16      // buffers of one handle being committed at once: 16 MiB in flight
 )
 
 // openFile is one handle this mount opened, with its write-behind state.
