@@ -126,7 +126,7 @@ func (o *ClientOps) wantExclusive(ctx context.Context, dirs ...uint64) {
 				continue
 			}
 		}
-		if _, ok := o.meta.list(dir); !ok {
+		if _, ok := o.meta.listed(dir); !ok {
 			o.fillDir(ctx, dir)
 		}
 		if _, ok := o.meta.attr(dir); !ok {
@@ -200,7 +200,7 @@ func (o *ClientOps) bufReady(dir uint64) (Attr, bool) {
 	if !ok {
 		return Attr{}, false
 	}
-	if _, ok := o.meta.list(dir); !ok {
+	if _, ok := o.meta.listed(dir); !ok {
 		return Attr{}, false
 	}
 	return a, true
@@ -325,11 +325,11 @@ func (o *ClientOps) bufRemove(parent uint64, name string, dir bool) (ok bool, e 
 // replaced: known false when the listing is not cached, ENOTEMPTY when it
 // has entries.
 func (o *ClientOps) emptyDir(dir uint64) (known bool, e syscall.Errno) {
-	kids, ok := o.meta.list(dir)
+	n, ok := o.meta.listed(dir)
 	switch {
 	case !ok:
 		return false, 0
-	case len(kids) > 2: // "." and ".."
+	case n > 2: // "." and ".."
 		return true, syscall.ENOTEMPTY
 	}
 	return true, 0

@@ -400,6 +400,23 @@ func (c *metaCache) list(ino uint64) ([]DirEntry, bool) {
 	return append(out, e.dir.ents...), true
 }
 
+// listed reports whether ino's listing is cached and how many entries it
+// has ("." and ".." included) without copying it, as list would: buffered
+// operations ask before each change, and a copy would make every change
+// in a directory cost the directory's size.
+func (c *metaCache) listed(ino uint64) (n int, ok bool) {
+	if c == nil || !c.caps.Held(ino) {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	if e == nil || e.dir == nil || c.changing[ino] > 0 {
+		return 0, false
+	}
+	return len(e.dir.ents) + 2, true
+}
+
 // target returns a symlink's cached target.
 func (c *metaCache) target(ino uint64) (string, bool) {
 	if c == nil || !c.caps.Held(ino) {
