@@ -432,6 +432,12 @@ func (o *ClientOps) bufLink(ino, newParent uint64, newName string) (a Attr, ok b
 	if src.IsDir() {
 		return Attr{}, true, syscall.EPERM
 	}
+	if src.Nlink >= maxLinks {
+		// The cluster refuses it (EMLINK); answered here, it would be
+		// lost at commit. Rare enough to let the cluster say so, from
+		// the count it holds.
+		return Attr{}, false, 0
+	}
 	if _, found, ok := o.meta.lookup(newParent, newName); !ok {
 		return Attr{}, false, 0
 	} else if found {

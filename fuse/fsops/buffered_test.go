@@ -217,3 +217,31 @@ func TestBufferedLossReported(t *testing.T) {
 	_, e = ops.Lookup(ctx, d.Ino, "after")
 	require.Zero(t, e, "operations after the refused one are kept")
 }
+
+// TestBufferedLinkLimit: a hard link past the cluster's limit of names of
+// one inode is refused with EMLINK, as the cluster refuses it, instead of
+// being answered and then lost at commit.
+func TestBufferedLinkLimit(t *testing.T) {
+	ops, _, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	for i := 1; i < maxLinks; i++ {
+		_, e := ops.Link(ctx, a.Ino, d.Ino, fmt.Sprintf("l%05d", i)) // in order: each lands at the listing's end
+		require.Zero(t, e, "link %d", i)
+	}
+	_, e = ops.Link(ctx, a.Ino, d.Ino, "over")
+	require.Equal(t, syscall.EMLINK, e)
+	require.Zero(t, ops.Fsync(ctx, d.Ino))
+	_, committed, failed := ops.jr.Stats()
+	require.Zero(t, failed, "operations lost at commit")
+	require.NotZero(t, committed)
+	_, err := other.Lstat("/t/over")
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	a, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.EqualValues(t, maxLinks, a.Nlink)
+}

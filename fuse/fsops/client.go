@@ -117,6 +117,9 @@ func New(c *client.Client, opt Options) *ClientOps {
 // maxNameLen is the longest name the cluster takes (NAME_MAX).
 const maxNameLen = 255
 
+// maxLinks is the most names the cluster gives one inode (fsm).
+const maxLinks = 65000
+
 // Open-flag bits the cluster understands (Linux values).
 const (
 	oAccMode = syscall.O_ACCMODE
