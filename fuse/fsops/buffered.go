@@ -477,6 +477,11 @@ func (o *ClientOps) bufSetAttr(ino uint64, in SetAttrIn) (a Attr, ok bool) {
 	if !ok {
 		return Attr{}, false
 	}
+	if !in.SetMode && !in.SetUid && !in.SetGid && !in.SetAtime && !in.SetMtime {
+		// Nothing to change (chown to -1, -1): the cluster leaves the
+		// change time as it is, so the answer must too.
+		return cur, true
+	}
 	now := time.Now()
 	a = cur
 	a.Valid = 0

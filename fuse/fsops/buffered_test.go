@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -244,4 +245,29 @@ func TestBufferedLinkLimit(t *testing.T) {
 	a, e = ops.GetAttr(ctx, a.Ino)
 	require.Zero(t, e)
 	require.EqualValues(t, maxLinks, a.Nlink)
+}
+
+// TestBufferedSetAttrOfNothing: a setattr that changes nothing (chown
+// with owner and group -1) leaves the change time, as the cluster does
+// with such a command, so the mount never answers a ctime the cluster
+// does not keep.
+func TestBufferedSetAttrOfNothing(t *testing.T) {
+	ops, _, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	before, e := ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	time.Sleep(10 * time.Millisecond)
+	got, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{})
+	require.Zero(t, e)
+	require.True(t, got.Ctime.Equal(before.Ctime), "ctime %v, was %v", got.Ctime, before.Ctime)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	st, err := other.Lstat("/t/f")
+	require.NoError(t, err)
+	ctime := time.Unix(0, st.Sys().(*pb.Attr).GetCtimeNs())
+	require.True(t, ctime.Equal(got.Ctime), "the cluster's ctime %v, answered %v", ctime, got.Ctime)
 }
