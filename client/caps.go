@@ -55,6 +55,7 @@ type Caps struct {
 	trusted   chan struct{}     // closed when trust is extended; guarded by mu
 	onRecall  []func(inos []uint64)
 	onRelease []func(inos []uint64)
+	onLost    []func(inos []uint64)
 
 	rel chan *pb.CapRef // capabilities to give back
 }
@@ -93,6 +94,18 @@ func (cp *Caps) OnRecall(fn func(inos []uint64)) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	cp.onRecall = append(cp.onRecall, fn)
+}
+
+// OnLost adds fn to the functions called, instead of the OnRecall ones,
+// with the inodes whose capabilities ended with an expired session. It
+// runs on the path of the command that met the new session (for a mount,
+// inside a request the kernel may hold a directory's lock for): fn must
+// drop what was cached at once and must not wait for the kernel or the
+// cluster. Register before the first Grant.
+func (cp *Caps) OnLost(fn func(inos []uint64)) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.onLost = append(cp.onLost, fn)
 }
 
 // OnRelease adds fn to the functions called with the inodes about to be
@@ -219,7 +232,10 @@ func (cp *Caps) newSession(session uint64) {
 	cp.session = session
 	clear(cp.held)
 	clear(cp.excl)
-	fns := cp.onRecall
+	fns := cp.onLost
+	if len(fns) == 0 {
+		fns = cp.onRecall
+	}
 	cp.mu.Unlock()
 	if len(lost) > 0 {
 		for _, fn := range fns {

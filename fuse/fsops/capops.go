@@ -101,23 +101,44 @@ func (o *ClientOps) recalled(inos []uint64) {
 	names := o.meta.forget(inos...)
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
-	inv := o.invalidator()
-	if inv != nil {
-		// The kernel cached names of a held directory for as long as the
-		// capability was trusted (Attr.Valid): they go first.
-		for dir, ns := range names {
-			for _, n := range ns {
-				inv.InvalidateEntry(dir, n)
-			}
-		}
-	}
 	for _, ino := range inos {
 		o.dropWindows(ino)
 		o.noXattrs.drop(ino)
 		o.pin(ctx, ino)
-		if inv != nil {
-			inv.InvalidateData(ino)
+	}
+	o.invalidateKernel(names, inos)
+}
+
+// lost is the capability table's OnLost: the session expired and its
+// capabilities went without a recall, so nobody waits for a release. What
+// the mount cached goes at once; the kernel is told in the background,
+// since this runs inside a request whose directory the kernel may hold
+// locked, and a notification about it would wait for that request.
+func (o *ClientOps) lost(inos []uint64) {
+	names := o.meta.forget(inos...)
+	for _, ino := range inos {
+		o.dropWindows(ino)
+		o.noXattrs.drop(ino)
+	}
+	go o.invalidateKernel(names, inos)
+}
+
+// invalidateKernel drops what the kernel cached of inos and the names of
+// the directories in names.
+func (o *ClientOps) invalidateKernel(names map[uint64][]string, inos []uint64) {
+	inv := o.invalidator()
+	if inv == nil {
+		return
+	}
+	// The kernel cached names of a held directory for as long as the
+	// capability was trusted (Attr.Valid): they go first.
+	for dir, ns := range names {
+		for _, n := range ns {
+			inv.InvalidateEntry(dir, n)
 		}
+	}
+	for _, ino := range inos {
+		inv.InvalidateData(ino)
 	}
 }
 

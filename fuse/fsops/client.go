@@ -103,6 +103,7 @@ func New(c *client.Client, opt Options) *ClientOps {
 	if caps := c.Caps(); caps != nil {
 		o.meta = newMetaCache(caps)
 		caps.OnRecall(o.recalled)
+		caps.OnLost(o.lost)
 		caps.OnRelease(o.releasing)
 		if opt.Buffered {
 			if jr, err := c.StartJournal(opt.Journal); err == nil {
