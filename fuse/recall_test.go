@@ -23,6 +23,9 @@ import (
 // still comes back a record or two short; see docs/fuse.md, "Buffered
 // metadata".)
 func TestReaderSeesWriterStillWriting(t *testing.T) {
+	if testSync {
+		t.Skip("with --sync, write-behind is close-to-open: a reader sees a file's writes once it is closed or synced")
+	}
 	cl := startCluster(t, 3)
 	addrs := cl.APIAddrs()
 	a := mountOn(t, addrs[:1], Options{})
