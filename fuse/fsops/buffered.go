@@ -13,13 +13,14 @@ import (
 
 // Buffered metadata. In a directory this mount holds an exclusive
 // capability on, with its complete listing cached, create, mkdir,
-// symlink, unlink, rmdir and rename are answered at once from the cached
+// symlink, link, unlink, rmdir and rename are answered at once from the cached
 // state and appended to the client's journal (client.Journal), which
 // sends them in order, in atomic batches fenced by the capabilities they
 // were answered under. The same holds for setattr of an inode held
 // exclusively, and for the first bytes written to a file made that way
 // (the journal carries them, up to jrFileBytes per file; later writes go
-// through write-behind as usual, after the journal).
+// through write-behind, after the journal, and are acknowledged before
+// they commit only under an exclusive capability on the file).
 //
 // What keeps this correct:
 //   - The decision and the append happen under Journal.Admit, and a
