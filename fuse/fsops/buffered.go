@@ -109,32 +109,15 @@ func (o *ClientOps) wantExclusive(ctx context.Context, dirs ...uint64) {
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	for _, dir := range dirs {
-		if _, ok := o.meta.caps.ExclusiveEpoch(dir); !ok {
-			o.excl.mu.Lock()
-			recent := time.Since(o.excl.refused[dir]) < exclusiveRetry
-			o.excl.mu.Unlock()
-			if recent {
-				continue
-			}
-			got, err := o.meta.caps.GrantExclusive(ctx, dir)
-			if err != nil || len(got) == 0 {
-				o.excl.mu.Lock()
-				if len(o.excl.refused) > 4096 {
-					clear(o.excl.refused)
-				}
-				o.excl.refused[dir] = time.Now()
-				o.excl.mu.Unlock()
-				continue
-			}
+		if !o.holdExclusive(ctx, dir) {
+			continue
 		}
 		if _, ok := o.meta.listed(dir); !ok {
 			o.fillDir(ctx, dir)
 		}
 		if _, ok := o.meta.attr(dir); !ok {
 			o.grantOne(ctx, dir)
-			if pa, err := o.c.GetAttr(ctx, dir); err == nil {
-				o.meta.putAttr(pa, o.meta.now())
-			}
+			_, _ = o.clusterAttr(ctx, dir) // keeps what it reads
 		}
 	}
 }
@@ -147,6 +130,15 @@ func (o *ClientOps) wantExclusive(ctx context.Context, dirs ...uint64) {
 // writes must commit before they are answered. A refusal is not asked
 // again for a second.
 func (o *ClientOps) holdForWrite(ctx context.Context, ino uint64) bool {
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	return o.holdExclusive(ctx, ino)
+}
+
+// holdExclusive reports whether this mount holds an exclusive capability
+// on ino, asking the cluster for one when it does not, at most once a
+// second after a refusal.
+func (o *ClientOps) holdExclusive(ctx context.Context, ino uint64) bool {
 	if _, ok := o.meta.caps.ExclusiveEpoch(ino); ok {
 		return true
 	}
@@ -156,11 +148,10 @@ func (o *ClientOps) holdForWrite(ctx context.Context, ino uint64) bool {
 	if recent {
 		return false
 	}
-	ctx, cancel := o.bound(ctx)
-	defer cancel()
 	if got, err := o.meta.caps.GrantExclusive(ctx, ino); err == nil && len(got) > 0 {
-		_, ok := o.meta.caps.ExclusiveEpoch(ino)
-		return ok
+		if _, ok := o.meta.caps.ExclusiveEpoch(ino); ok {
+			return true
+		}
 	}
 	o.excl.mu.Lock()
 	if len(o.excl.refused) > 4096 {
