@@ -1,6 +1,7 @@
 package fsops
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -208,6 +210,38 @@ func TestCapsKeepWrittenData(t *testing.T) {
 	require.Equal(t, "changed", string(buf[10:17]))
 	require.Greater(t, n, 17)
 	require.Zero(t, ops.Release(ctx, a.Ino, in.Handle))
+}
+
+// TestShortWindowWaitsForLaterCommits: the end of the file one commit
+// wrote is not kept as a window while another commit of the handle is in
+// flight: that one may have been applied after it and extended the file,
+// and the short window would answer its bytes with the end of the file.
+func TestShortWindowWaitsForLaterCommits(t *testing.T) {
+	ops, _, _ := newCapOps(t)
+	ops.opt.DataCache = 64 << 20
+	ops.watching.Store(true) // as while the change stream is read
+	ctx := context.Background()
+	_, e := ops.Lookup(ctx, RootIno, "f") // fills the root's listing
+	require.Equal(t, syscall.ENOENT, e)
+	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
+	require.Zero(t, e)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("x"))
+	require.Zero(t, e)
+	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
+	f := ops.file(out.Handle)
+	require.NotNil(t, f)
+
+	tail := bytes.Repeat([]byte("t"), 100)
+	first := ops.meta.commitBy(a.Ino, out.Handle)
+	later := ops.meta.commitBy(a.Ino, out.Handle)
+	ops.keepWritten(f, raWindow, tail, &pb.Attr{Ino: a.Ino, Size: raWindow + 100}, first)
+	require.NotContains(t, ops.cache.starts(a.Ino), int64(raWindow), "kept beside a later commit")
+
+	ops.meta.committed(a.Ino, nil, later)
+	ops.keepWritten(f, raWindow, tail, &pb.Attr{Ino: a.Ino, Size: raWindow + 100}, first)
+	require.Contains(t, ops.cache.starts(a.Ino), int64(raWindow), "alone, the end of the file is kept")
+	ops.meta.committed(a.Ino, nil, first)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
 
 // TestOverlappingChangesDropListing: two changes of this mount to one

@@ -308,8 +308,9 @@ func (c *metaCache) endCommitLocked(ino, start uint64) {
 // holds and no recall or name change dropped it since start: a recall
 // that comes later drops whatever fn kept (it forgets under the same
 // lock before it drops anything else). fn gets the newest size this
-// mount's commits of ino returned so far (0 when none is kept).
-func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func(size uint64)) {
+// mount's commits of ino returned so far (0 when none is kept), and
+// whether the caller's commit is the only one of the handle in flight.
+func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func(size uint64, alone bool)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w, ok := c.writer[ino]
@@ -318,7 +319,7 @@ func (c *metaCache) whileUnchanged(ino, handle, start uint64, fn func(size uint6
 		if e := c.m[ino]; e != nil && e.hasAttr {
 			size = e.attr.Size
 		}
-		fn(size)
+		fn(size, w.busy == 1)
 	}
 }
 

@@ -108,14 +108,16 @@ func (o *ClientOps) keepWritten(f *openFile, off int64, buf []byte, a *pb.Attr, 
 		return
 	}
 	ino, end := f.ino, off+int64(len(buf))
-	o.meta.whileUnchanged(ino, f.handle, start, func(newest uint64) {
+	o.meta.whileUnchanged(ino, f.handle, start, func(newest uint64, alone bool) {
 		for ws := (off + raWindow - 1) &^ (raWindow - 1); ws < end; ws += raWindow {
 			we := min(ws+raWindow, end)
-			// A partial window only where this write ended the file, and
-			// no later write of the handle, finished before this one,
-			// has extended it since (a write still in flight drops it
-			// when it finishes: dataCache.dropRange).
-			if we-ws < raWindow && (uint64(we) != a.GetSize() || newest > uint64(we)) {
+			// A partial window only where this write ended the file, no
+			// later write of the handle has extended it since, and none
+			// is in flight: a later write applied after this one may
+			// already have answered and dropped its range, and a short
+			// window kept after that would answer its bytes with the end
+			// of the file (the kernel then shrinks the file to it).
+			if we-ws < raWindow && (!alone || uint64(we) != a.GetSize() || newest > uint64(we)) {
 				break
 			}
 			data := buf[ws-off : we-off : we-off]
