@@ -531,11 +531,18 @@ func (cp *Caps) observe(ev *pb.WatchEvent) {
 		cp.pending = cp.pending[n:]
 	}
 	for _, r := range ev.GetRecalls() {
-		if r.GetSession() != cp.session {
+		// A grant in flight may be the first of a new session, which
+		// cp.session names only once its answer comes: a recall naming
+		// the client's session then is remembered for it all the same.
+		own := r.GetSession() == cp.session
+		if !own && (r.GetSession() != cp.c.Session() || cp.granting == 0) {
 			continue
 		}
 		if cp.granting > 0 {
 			cp.recalled[r.GetIno()] = max(cp.recalled[r.GetIno()], r.GetEpoch())
+		}
+		if !own {
+			continue // nothing is held under that session yet
 		}
 		if e, ok := cp.held[r.GetIno()]; ok && e <= r.GetEpoch() {
 			delete(cp.held, r.GetIno())

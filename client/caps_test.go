@@ -288,3 +288,29 @@ func TestGrantBeforeStreamNotHeld(t *testing.T) {
 	done()
 	require.False(t, caps.Held(res.Attr.Ino), "adopted a capability whose recalls the stream cannot have carried")
 }
+
+// TestRecallBeforeFirstGrantAnswered: a recall naming the client's session
+// that arrives while the session's first grant is still unanswered is not
+// lost: the grant's capability, recalled already, is given back, not held
+// (holding it would keep every other session's command on the inode
+// waiting a lease).
+func TestRecallBeforeFirstGrantAnswered(t *testing.T) {
+	cl := server.StartCluster(t, 1)
+	holder := connect(t, cl, client.WithCaps())
+	ctx := t.Context()
+	require.NoError(t, holder.Mkdir("/d", 0o755)) // opens the session
+	st, err := holder.Stat("/d")
+	require.NoError(t, err)
+	d := st.Sys().(*pb.Attr).Ino
+	caps := holder.Caps()
+	require.NotZero(t, holder.Session())
+
+	done := caps.Expect() // as while the grant below is on its way
+	caps.Observe(&pb.WatchEvent{Index: 1, Recalls: []*pb.Recall{
+		{Session: holder.Session(), Ino: d, Epoch: 1 << 40},
+	}})
+	_, err = caps.Grant(ctx, []uint64{d}, false)
+	require.NoError(t, err)
+	done()
+	require.Zero(t, caps.Len(), "held a capability recalled before its grant was answered")
+}

@@ -1,5 +1,7 @@
 package client
 
+import pb "github.com/memoryfs/memfs/proto"
+
 // SetStreamLimit lowers the most data one write command carries, so tests
 // can exercise splitting with little data. It returns a function that
 // restores the limit.
@@ -16,3 +18,7 @@ func (cp *Caps) StreamBeganAt(first uint64) {
 	defer cp.mu.Unlock()
 	cp.first = first
 }
+
+// Observe hands the capability table one change event as if its stream
+// had delivered it.
+func (cp *Caps) Observe(ev *pb.WatchEvent) { cp.observe(ev) }
