@@ -27,7 +27,7 @@
 # FILE_TIMEOUT (default 120) seconds per test file, after which it is killed
 # and counted as failing; PROVE_FLAGS (e.g. "-v": every check with what it
 # tried, expected and got) goes to prove; BASE_PORT (default random) for
-# the cluster; KEEP=1 leaves the temporary directory (cluster data, mount.log, prove.log).
+# the cluster; KEEP=1 leaves the temporary directory (cluster data, mnt.log, prove.log).
 set -euo pipefail
 
 usage() { echo "usage: $0 SUITE_SRC_DIR [path/to/memfs]" >&2; exit 2; }
@@ -61,43 +61,11 @@ if [ -n "$missing" ]; then
   exit 2
 fi
 
-BINDING=${BINDING:-gofuse}
+# shellcheck source=cluster.sh
+. "$(dirname "$0")/cluster.sh"
 FILE_TIMEOUT=${FILE_TIMEOUT:-120}
 TESTS=${TESTS:-tests}
-base=${BASE_PORT:-$((20000 + RANDOM % 20000))}
-work=$(mktemp -d /tmp/memfs-pjdfstest-XXXXXX)
-mnt=$work/mnt
-export MEMFS_CLUSTER="127.0.0.1:$((base+1)),127.0.0.1:$((base+2)),127.0.0.1:$((base+3))"
-
-up=
-mounted=
-mountpid=
-# unmount unmounts and waits for the mount process to end: a buffering
-# mount commits what it still holds on its way out, so the cluster must
-# outlive it, and its log is complete only then.
-unmount() {
-  if [ -n "$mounted" ]; then
-    fusermount3 -u "$mnt" 2>/dev/null || { sleep 1; fusermount3 -u "$mnt" 2>/dev/null; } || fusermount3 -uz "$mnt" 2>/dev/null
-    mounted=
-  fi
-  if [ -n "$mountpid" ]; then
-    for _ in $(seq 600); do kill -0 "$mountpid" 2>/dev/null || break; sleep 0.1; done
-    mountpid=
-  fi
-}
-cleanup() {
-  set +e
-  cd /
-  unmount
-  if [ -n "$up" ]; then kill "$up" 2>/dev/null; wait "$up" 2>/dev/null; fi
-  if [ "${KEEP:-}" = 1 ]; then
-    echo "kept $work" >&2
-  else
-    rm -rf "$work"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+conf_init pjdfstest
 
 # Build the suite in a copy: it leaves its objects, configure output and the
 # pjdfstest binary next to the tests, where tests/misc.sh looks for it (the
@@ -110,15 +78,8 @@ if ! (cd "$work/src" && autoreconf -ifs && ./configure && make pjdfstest) >"$wor
   exit 1
 fi
 
-"$BIN" up --nodes 3 --dir "$work/cluster" --base-port "$base" >"$work/up.log" 2>&1 &
-up=$!
-for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
-grep -q "is up" "$work/up.log" || { cat "$work/up.log" >&2; exit 1; }
-mkdir "$mnt"
-# shellcheck disable=SC2086 # MOUNT_FLAGS is a list of flags
-out=$("$BIN" mount --daemon --allow-other --binding "$BINDING" ${MOUNT_FLAGS:-} --log "$work/mount.log" "$mnt")
-mounted=1
-mountpid=$(sed -n 's/.*(pid \([0-9]*\)).*/\1/p' <<<"$out")
+conf_up
+conf_mount "$mnt" --allow-other
 
 # prove has no timeout: it runs every test file through this wrapper.
 cat >"$work/run-one.sh" <<'EOF'
@@ -142,7 +103,7 @@ rc=0
 # shellcheck disable=SC2086 # PROVE_FLAGS is a list of flags
 prove -r ${PROVE_FLAGS:-} --exec "$work/run-one.sh" "${targets[@]}" 2>&1 | tee "$work/prove.log" || rc=$?
 cd /
-unmount
+conf_unmount
 
 files=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\1/p' "$work/prove.log" | tail -1)
 tests=$(sed -n 's/^Files=\([0-9]*\), Tests=\([0-9]*\),.*/\2/p' "$work/prove.log" | tail -1)
@@ -159,18 +120,8 @@ failing=$(sed -n '/^Test Summary Report/,$p' "$work/prove.log" | awk '
 if [ -s "$work/timeouts" ]; then
   echo "timed out after ${FILE_TIMEOUT}s: $(sed "s|^$work/src/||" "$work/timeouts" | tr '\n' ' ')"
 fi
-if grep -qi 'panic' "$work/mount.log" 2>/dev/null; then
-  echo "the mount log has panics:"
-  grep -i -A5 'panic' "$work/mount.log" | head -40
-fi
-# A buffering mount answers before the cluster commits, and the suite only
-# sees its answers: an operation the cluster then refused shows up here.
-lost=$(grep -c 'lost at commit' "$work/mount.log" 2>/dev/null || true)
-if [ "${lost:-0}" -gt 0 ]; then
-  echo "the mount log has $lost buffered operations lost at commit:"
-  grep 'lost at commit' "$work/mount.log" | head -20
-fi
+conf_mount_verdict
 echo "pjdfstest: binding=$BINDING files=${files:-0} tests=${tests:-0} failed=$failed ($failing)"
-if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ -n "$failing" ] || [ -z "$files" ] || [ "${lost:-0}" -gt 0 ]; then
+if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ -n "$failing" ] || [ -z "$files" ] || [ "$lost" -gt 0 ]; then
   exit 1
 fi
