@@ -170,7 +170,8 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 		opt.DataCache = 0
 	}
 	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache,
-		Relatime: opt.Atime == AtimeRelative, Buffered: !opt.Sync, Journal: opt.Journal})
+		Relatime: opt.Atime == AtimeRelative, Buffered: !opt.Sync, Journal: opt.Journal,
+		KernelChecksData: opt.Binding != BindingBazil})
 	srv, err := mountBinding(real, ops, opt)
 	if err != nil {
 		return nil, err
@@ -222,11 +223,20 @@ func CheckAtime(name string) error {
 	return fmt.Errorf("%q: want %s or %s", name, AtimeNo, AtimeRelative)
 }
 
+// covered is the kernel timeout of answers that do not say, with
+// capabilities (nil without: the attribute timeout).
+func covered(ops *fsops.ClientOps) func(uint64) time.Duration {
+	if ops.Capabilities() {
+		return ops.KernelTimeout
+	}
+	return nil
+}
+
 // mountBinding mounts dir with the binding opt names (checked by Mount).
 func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error) {
 	if opt.Binding == BindingGoFuse || opt.Binding == "" {
 		gfs, err := gofusefs.Mount(dir, ops, gofusefs.Config{
-			AttrTimeout: opt.AttrTimeout, Watching: ops.Watching,
+			AttrTimeout: opt.AttrTimeout, Covered: covered(ops), Watching: ops.Watching,
 			FSName: fsName(opt), AllowOther: opt.AllowOther, WritebackCache: opt.WritebackCache,
 			MaxReadahead: maxReadahead, MaxBackground: maxBackground, Congestion: congestion,
 			Debug: opt.Debug != nil,
@@ -236,7 +246,7 @@ func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error
 		}
 		return &gofuseServer{gfs}, nil
 	}
-	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Debug: opt.Debug})
+	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Covered: covered(ops), Debug: opt.Debug})
 	conn, err := bfuse.Mount(dir, mountOptions(opt)...)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)

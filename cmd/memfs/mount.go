@@ -71,7 +71,7 @@ func init() {
 	f.BoolVar(&mountFlags.writeback, "writeback-cache", false, "kernel writeback cache: faster small writes, but O_APPEND from two mounts may overwrite each other")
 	f.BoolVar(&mountFlags.force, "force-unmount", false, "detach a live FUSE mount already on MOUNTPOINT instead of refusing")
 	f.BoolVar(&mountFlags.noWatch, "no-watch", false, "do not apply the cluster's change events (other mounts' changes then show after --attr-timeout)")
-	f.DurationVar(&mountFlags.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names")
+	f.DurationVar(&mountFlags.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names without capabilities (with them: what a capability covers, while it can be trusted)")
 	f.DurationVar(&mountFlags.opTimeout, "op-timeout", 30*time.Second, "an operation fails with EIO when the cluster does not answer for this long")
 	f.IntVar(&mountFlags.readaheadKiB, "readahead-kb", fuse.DefaultReadaheadKiB, "kernel readahead window in KiB (needs root; -1 leaves the kernel default)")
 	mountFlags.dataCache = fuse.DefaultDataCache

@@ -48,6 +48,11 @@ type Config struct {
 	AttrTimeout time.Duration
 	// EntryTimeout is how long the kernel may cache a name lookup.
 	EntryTimeout time.Duration
+	// Covered, when set, replaces both for an answer about an inode that
+	// does not say how long it holds (Attr.Valid): the mount caches under
+	// capabilities, and the kernel may keep only what one covers
+	// (fsops.ClientOps.KernelTimeout).
+	Covered func(ino uint64) time.Duration
 	// Debug, if set, receives bazil's trace of every request and reply.
 	Debug func(msg any)
 }
@@ -190,12 +195,21 @@ func caller(h *fuse.Header) fsops.Caller {
 	return fsops.Caller{Uid: h.Uid, Gid: h.Gid, Pid: h.Pid}
 }
 
+// timeout is how long the kernel may keep a (def when a does not say
+// and the mount does not cache under capabilities).
+func (f *FS) timeout(a fsops.Attr, def time.Duration) time.Duration {
+	switch {
+	case a.Valid > 0:
+		return a.Valid
+	case f.cfg.Covered != nil:
+		return f.cfg.Covered(a.Ino)
+	}
+	return def
+}
+
 // fillAttr converts fsops attributes into bazil's.
 func (f *FS) fillAttr(out *fuse.Attr, a fsops.Attr) {
-	out.Valid = f.cfg.AttrTimeout
-	if a.Valid > 0 {
-		out.Valid = a.Valid
-	}
+	out.Valid = f.timeout(a, f.cfg.AttrTimeout)
 	out.Inode = a.Ino
 	out.Size = a.Size
 	out.Blocks = a.Blocks

@@ -69,10 +69,7 @@ func (n node) Lookup(ctx context.Context, req *fuse.LookupRequest, resp *fuse.Lo
 	if e != 0 {
 		return nil, e
 	}
-	resp.EntryValid = n.fs.cfg.EntryTimeout
-	if at.Valid > 0 {
-		resp.EntryValid = at.Valid
-	}
+	resp.EntryValid = n.fs.timeout(at, n.fs.cfg.EntryTimeout)
 	return n.fs.newNode(at), nil
 }
 
@@ -113,7 +110,7 @@ func (n node) Create(ctx context.Context, req *fuse.CreateRequest, resp *fuse.Cr
 	if e != 0 {
 		return nil, nil, e
 	}
-	resp.EntryValid = n.fs.cfg.EntryTimeout
+	resp.EntryValid = n.fs.timeout(at, n.fs.cfg.EntryTimeout)
 	if out.KeepCache {
 		resp.Flags |= fuse.OpenKeepCache
 	}

@@ -246,21 +246,7 @@ func (o *ClientOps) clusterAttr(ctx context.Context, ino uint64) (Attr, syscall.
 	}
 	o.seen(pa)
 	o.meta.putAttr(pa, start)
-	return o.uncovered(attrOf(pa)), 0
-}
-
-// uncovered marks attributes the cluster answered for an inode this mount
-// holds no capability on, with capabilities in use: the kernel must not
-// keep them. Another mount may acknowledge changes to the inode before
-// they commit, under an exclusive capability, and no change event would
-// tell this one; asked again, the cluster recalls that capability first.
-// (Under a capability, Valid says how long they hold; without
-// capabilities at all, the attribute timeout applies as it always did.)
-func (o *ClientOps) uncovered(a Attr) Attr {
-	if o.meta.on() && a.Valid == 0 && !o.meta.caps.Held(a.Ino) {
-		a.Valid = time.Nanosecond
-	}
-	return a
+	return attrOf(pa), 0
 }
 
 // hasHeld reports whether ino has held attribute changes.

@@ -271,3 +271,33 @@ func TestBufferedSetAttrOfNothing(t *testing.T) {
 	ctime := time.Unix(0, st.Sys().(*pb.Attr).GetCtimeNs())
 	require.True(t, ctime.Equal(got.Ctime), "the cluster's ctime %v, answered %v", ctime, got.Ctime)
 }
+
+// TestBufferedCreateTruncatedAfterRecall: a file created by a buffered
+// create (opened without the cluster) is still truncated through its
+// descriptor after another client's open recalled the capability and the
+// file was pinned with a cluster handle.
+func TestBufferedCreateTruncatedAfterRecall(t *testing.T) {
+	ops, _, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	_, e = ops.Mkdir(ctx, d.Ino, "warm", 0o755, root) // takes t exclusively
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_RDWR, 0o444, root)
+	require.Zero(t, e)
+	require.True(t, isLocal(out.Handle), "the create was not buffered")
+
+	h, _, err := other.OpenLoc(ctx, &pb.Loc{Path: "/t/f"}, syscall.O_RDWR, 0, 0, 0, false, false)
+	require.NoError(t, err)
+	defer func() { _ = other.CloseHandle(ctx, h) }()
+
+	for _, size := range []uint64{0, 100000} {
+		got, e := ops.SetAttr(ctx, a.Ino, SetAttrIn{Handle: out.Handle, SetSize: true, Size: size})
+		require.Zero(t, e, "truncate to %d", size)
+		require.Equal(t, size, got.Size)
+	}
+	pa, err := other.GetAttr(ctx, a.Ino)
+	require.NoError(t, err)
+	require.EqualValues(t, 100000, pa.Size)
+	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}

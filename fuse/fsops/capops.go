@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"syscall"
+	"time"
 
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -106,8 +107,15 @@ func (o *ClientOps) recalled(inos []uint64) {
 		o.noXattrs.drop(ino)
 		o.pin(ctx, ino)
 	}
+	// A GETATTR being answered meanwhile must reach the kernel first
+	// (fetchSet); bounded, as the recall holds up another client.
+	o.fetches.wait(inos, recallWaitsForGetattr)
 	o.invalidateKernel(names, inos)
 }
+
+// recallWaitsForGetattr bounds how long a recall waits for GETATTRs of its
+// inodes in flight: about a query's round trip on a loaded node.
+const recallWaitsForGetattr = 100 * time.Millisecond
 
 // lost is the capability table's OnLost: the session expired and its
 // capabilities went without a recall, so nobody waits for a release. What

@@ -28,6 +28,11 @@ type Options struct {
 	// read-write and O_APPEND is not passed to the cluster. Appends from
 	// two mounts can then overwrite each other.
 	WritebackCache bool
+	// KernelChecksData says the kernel drops a file's pages itself when
+	// the attributes it gets show a change (FUSE_AUTO_INVAL_DATA, which
+	// go-fuse asks for and bazil.org/fuse cannot): with capabilities,
+	// change events then need not reach the kernel (watch.go, skipHeld).
+	KernelChecksData bool
 	// SyncWrites commits every write before acknowledging it, instead of
 	// collecting sequential writes (see write-behind in writebehind.go).
 	SyncWrites bool
@@ -69,6 +74,8 @@ type ClientOps struct {
 	inv        atomic.Pointer[Invalidator]
 	localNext  atomic.Uint64
 	localOpens atomic.Int64
+
+	fetches fetchSet // GETATTRs being answered (watch.go)
 
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file
@@ -177,12 +184,13 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 		// The size may predate writes already acknowledged.
 		return o.GetAttr(ctx, pa.GetIno())
 	}
-	return o.uncovered(attrOf(pa)), 0
+	return attrOf(pa), 0
 }
 
 // GetAttr implements Ops.
 func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.Errno) {
 	defer guard("getattr", &e)
+	defer o.fetches.begin(ino)()
 	if a, ok, e := o.heldAttr(ctx, ino); ok || e != 0 {
 		return a, e
 	}
@@ -231,7 +239,11 @@ func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a At
 		return a, 0
 	}
 	if isLocal(in.Handle) {
-		in.Handle = o.serverHandle(in.Handle)
+		// Opened without the cluster: by inode. The handle a recall
+		// pinned the file with is read-only (it only keeps the inode
+		// alive), and a truncate through it is refused; the kernel has
+		// checked that this descriptor may write.
+		in.Handle = 0
 	}
 	if a, ok, e := o.deferSetAttr(ctx, ino, in); ok || e != 0 {
 		return a, e

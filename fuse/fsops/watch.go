@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	pb "github.com/memoryfs/memfs/proto"
@@ -58,6 +59,26 @@ func (o *ClientOps) Watch(ctx context.Context, inv Invalidator) {
 // names).
 func (o *ClientOps) Watching() bool { return o.watching.Load() }
 
+// Capabilities reports whether the mount caches under capabilities; the
+// kernel may then keep only what KernelTimeout allows.
+func (o *ClientOps) Capabilities() bool { return o.meta.on() }
+
+// KernelTimeout is, with capabilities, how long the kernel may keep an
+// answer about ino (attributes, a name resolving to it, or, for a
+// directory, a name missing from it) that does not say (Attr.Valid): as
+// long as the mount's capability on ino can be trusted, and not at all
+// without one. Another mount may acknowledge changes to an inode this one
+// does not hold before they commit, under an exclusive capability, and no
+// change event would tell this one; asked again, the cluster recalls
+// that capability first. Not even a nanosecond: the kernel rounds a
+// timeout up to a clock tick, during which it answers stat itself.
+func (o *ClientOps) KernelTimeout(ino uint64) time.Duration {
+	if o.meta.caps.Held(ino) {
+		return o.meta.caps.TrustedFor()
+	}
+	return 0
+}
+
 // consume applies events from ch until it closes.
 func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv Invalidator) {
 	for {
@@ -85,13 +106,67 @@ func (o *ClientOps) consume(ctx context.Context, ch <-chan *pb.WatchEvent, inv I
 			o.dropAllWindows()
 			o.noXattrs.clear()
 		}
-		b.skipHeld(o.meta)
-		for _, ino := range b.order {
+		for _, ino := range b.skipHeld(o.meta, o.opt.KernelChecksData) {
 			o.dropWindows(ino)
 			o.noXattrs.drop(ino)
 		}
 		b.apply(inv)
 		if !ok || ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// fetchSet counts, per inode, the GETATTRs this mount is answering. An
+// invalidation that reaches the kernel while it waits for a GETATTR reply
+// makes it throw the reply's attributes away, and a read past the old end
+// of the file that asked for them then ends there. A recall therefore
+// waits (boundedly) for the GETATTRs of its inodes to be answered before
+// it tells the kernel: their answers were right until the release that
+// follows, since nobody else changes the inode before it.
+type fetchSet struct {
+	mu   sync.Mutex
+	n    map[uint64]int // guarded by mu
+	idle chan struct{}  // guarded by mu: closed when a count drops to 0
+}
+
+// begin counts a GETATTR of ino until the returned function is called.
+func (s *fetchSet) begin(ino uint64) func() {
+	s.mu.Lock()
+	if s.n == nil {
+		s.n, s.idle = map[uint64]int{}, make(chan struct{})
+	}
+	s.n[ino]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.n[ino]--; s.n[ino] <= 0 {
+			delete(s.n, ino)
+			close(s.idle)
+			s.idle = make(chan struct{})
+		}
+		s.mu.Unlock()
+	}
+}
+
+// wait returns once no GETATTR of inos is being answered, or after d.
+func (s *fetchSet) wait(inos []uint64, d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		busy := false
+		for _, ino := range inos {
+			busy = busy || s.n[ino] > 0
+		}
+		idle := s.idle
+		s.mu.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-idle:
+		case <-timer.C:
 			return
 		}
 	}
@@ -135,17 +210,34 @@ func (b *batch) add(ev *pb.WatchEvent) {
 	}
 }
 
-// skipHeld leaves out the inodes and directories this mount holds
-// capabilities on: another client changes one only after its capability
-// was recalled, and the recall dropped what the mount and the kernel
-// cached (capops.go), so an event naming a held inode is this mount's own
-// change, which its own caches already reflect.
-func (b *batch) skipHeld(meta *metaCache) {
+// skipHeld leaves out, with capabilities, the inodes and directories this
+// mount holds capabilities on, and returns the inodes whose windows the
+// mount drops. Another client changes a held inode or directory only
+// after its capability was recalled, and the recall dropped what the mount
+// and the kernel cached (capops.go), so an event naming one is this
+// mount's own change, which its caches already reflect.
+//
+// Where the kernel checks its pages against the attributes it gets
+// (Options.KernelChecksData), every inode is left out: the kernel keeps
+// nothing of an inode the mount does not hold (KernelTimeout), so it asks
+// for the attributes before it uses its pages, and drops them when those
+// show the change. Telling it anyway does harm: an invalidation that
+// reaches the kernel while it waits for a GETATTR reply makes it throw the
+// reply away, and a read past the old end of the file that asked for the
+// reply then ends there. An event arrives when its change is already done,
+// often at the moment another program reads what it just wrote through
+// another mount, so that read came back empty.
+func (b *batch) skipHeld(meta *metaCache, kernelChecks bool) []uint64 {
 	if !meta.on() || b.reset {
-		return
+		return b.order
 	}
-	b.order = slices.DeleteFunc(b.order, meta.caps.Held)
 	b.eorder = slices.DeleteFunc(b.eorder, func(k entryKey) bool { return meta.caps.Held(k.parent) })
+	b.order = slices.DeleteFunc(b.order, meta.caps.Held)
+	windows := b.order
+	if kernelChecks {
+		b.order = nil
+	}
+	return windows
 }
 
 // apply sends the batch to the kernel. Entries go first so that a name

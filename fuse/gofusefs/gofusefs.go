@@ -47,6 +47,11 @@ type Config struct {
 	// AttrTimeout is how long the kernel may cache attributes, names and,
 	// while Watching reports true, the absence of a name.
 	AttrTimeout time.Duration
+	// Covered, when set, replaces AttrTimeout for an answer about an
+	// inode that does not say how long it holds (Attr.Valid): the mount
+	// caches under capabilities, and the kernel may keep only what one
+	// covers (fsops.ClientOps.KernelTimeout).
+	Covered func(ino uint64) time.Duration
 	// Watching reports whether the cluster's change stream is being
 	// applied; without it a missing name is not cached.
 	Watching func() bool
@@ -191,14 +196,22 @@ func fillAttr(out *fuse.Attr, a fsops.Attr) {
 	out.SetTimes(&a.Atime, &a.Mtime, &a.Ctime)
 }
 
+// timeout is how long the kernel may keep a.
+func (f *FS) timeout(a fsops.Attr) time.Duration {
+	switch {
+	case a.Valid > 0:
+		return a.Valid
+	case f.cfg.Covered != nil:
+		return f.cfg.Covered(a.Ino)
+	}
+	return f.cfg.AttrTimeout
+}
+
 // entry fills a reply that hands the kernel a node.
 func (f *FS) entry(out *fuse.EntryOut, a fsops.Attr) {
 	out.NodeId = a.Ino
 	out.Generation = a.Gen
-	t := f.cfg.AttrTimeout
-	if a.Valid > 0 {
-		t = a.Valid
-	}
+	t := f.timeout(a)
 	out.SetEntryTimeout(t)
 	out.SetAttrTimeout(t)
 	fillAttr(&out.Attr, a)

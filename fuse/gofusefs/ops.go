@@ -20,7 +20,7 @@ func (f *FS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.
 	a, e := f.ops.Lookup(ctx(), h.NodeId, name)
 	if e == syscall.ENOENT && watching && f.cfg.Watching() && f.gen.Load() == gen {
 		out.NodeId = 0
-		out.SetEntryTimeout(f.cfg.AttrTimeout)
+		out.SetEntryTimeout(f.timeout(fsops.Attr{Ino: h.NodeId}))
 		return fuse.OK
 	}
 	return f.entryResult(out, a, e)
@@ -36,11 +36,7 @@ func (f *FS) attrResult(out *fuse.AttrOut, a fsops.Attr, e syscall.Errno) fuse.S
 	if e != 0 {
 		return status(e)
 	}
-	t := f.cfg.AttrTimeout
-	if a.Valid > 0 {
-		t = a.Valid
-	}
-	out.SetTimeout(t)
+	out.SetTimeout(f.timeout(a))
 	fillAttr(&out.Attr, a)
 	return fuse.OK
 }
