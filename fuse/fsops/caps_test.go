@@ -277,3 +277,40 @@ func TestOverlappingChangesDropListing(t *testing.T) {
 	_, ok = ops.meta.list(RootIno)
 	require.False(t, ok, "overlapping changes leave the listing to be read again")
 }
+
+// TestRecallWaitsForGetattrInFlight: a recall's kernel notification waits
+// for a GETATTR of its inodes being answered (an invalidation reaching the
+// kernel meanwhile would make it drop the answer), and no longer than its
+// bound.
+func TestRecallWaitsForGetattrInFlight(t *testing.T) {
+	var s fetchSet
+	s.wait([]uint64{7}, time.Hour) // nothing in flight: at once
+
+	end := s.begin(7)
+	other := s.begin(8)
+	done := make(chan struct{})
+	go func() {
+		s.wait([]uint64{7}, time.Hour)
+		close(done)
+	}()
+	other() // another inode's answer does not end the wait
+	select {
+	case <-done:
+		t.Fatal("the wait ended while a GETATTR of its inode was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	end()
+	require.Eventually(t, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+
+	defer s.begin(9)()
+	start := time.Now()
+	s.wait([]uint64{9}, 20*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond, "the bound")
+}
