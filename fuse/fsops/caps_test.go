@@ -160,23 +160,32 @@ func names(ents []DirEntry) []string {
 	return out
 }
 
-// TestCapsKeepWrittenData: what a single writer committed reads back from
-// the mount's memory, and another client's change to it is seen.
-func TestCapsKeepWrittenData(t *testing.T) {
+// newCachedFile makes ops with a shared data cache, as while the change
+// stream is read, and creates f in its root, whose listing it holds.
+func newCachedFile(t *testing.T) (*ClientOps, *client.Client, Attr, OpenOut) {
+	t.Helper()
 	ops, _, other := newCapOps(t)
 	ops.opt.DataCache = 64 << 20
-	ops.watching.Store(true) // as while the change stream is read
+	ops.watching.Store(true)
 	ctx := context.Background()
 	_, e := ops.Lookup(ctx, RootIno, "f") // fills the root's listing
 	require.Equal(t, syscall.ENOENT, e)
 	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
 	require.Zero(t, e)
+	return ops, other, a, out
+}
+
+// TestCapsKeepWrittenData: what a single writer committed reads back from
+// the mount's memory, and another client's change to it is seen.
+func TestCapsKeepWrittenData(t *testing.T) {
+	ops, other, a, out := newCachedFile(t)
+	ctx := context.Background()
 	data := make([]byte, 3*raWindow+1000)
 	for i := range data {
 		data[i] = byte(i * 7)
 	}
 	for off := 0; off < len(data); off += 128 << 10 {
-		_, e = ops.Write(ctx, a.Ino, out.Handle, int64(off), data[off:min(off+128<<10, len(data))])
+		_, e := ops.Write(ctx, a.Ino, out.Handle, int64(off), data[off:min(off+128<<10, len(data))])
 		require.Zero(t, e)
 		if end := off + 128<<10; end%raWindow == 0 {
 			// The window's commit finishes before the next write: that
@@ -217,15 +226,9 @@ func TestCapsKeepWrittenData(t *testing.T) {
 // flight: that one may have been applied after it and extended the file,
 // and the short window would answer its bytes with the end of the file.
 func TestShortWindowWaitsForLaterCommits(t *testing.T) {
-	ops, _, _ := newCapOps(t)
-	ops.opt.DataCache = 64 << 20
-	ops.watching.Store(true) // as while the change stream is read
+	ops, _, a, out := newCachedFile(t)
 	ctx := context.Background()
-	_, e := ops.Lookup(ctx, RootIno, "f") // fills the root's listing
-	require.Equal(t, syscall.ENOENT, e)
-	a, out, e := ops.Create(ctx, RootIno, "f", syscall.O_RDWR, 0o644, root)
-	require.Zero(t, e)
-	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, []byte("x"))
+	_, e := ops.Write(ctx, a.Ino, out.Handle, 0, []byte("x"))
 	require.Zero(t, e)
 	require.Zero(t, ops.Flush(ctx, a.Ino, out.Handle))
 	f := ops.file(out.Handle)
