@@ -504,7 +504,7 @@ func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 		loc = x.GetXattr.GetLoc()
 	case *pb.Query_ListXattr:
 		loc = x.ListXattr.GetLoc()
-	case *pb.Query_Handle:
+	case *pb.Query_Handle, *pb.Query_Lock:
 		return nil
 	}
 	if loc != nil && loc.GetPath() == "" && loc.GetName() == "" && !j.Touches(loc.GetIno()) {
