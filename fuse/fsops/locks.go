@@ -166,7 +166,15 @@ func (o *ClientOps) SetLk(ctx context.Context, ino, handle uint64, lk Lock, wait
 		defer cancel()
 	}
 	if err := o.c.SetLock(ctx, l, wait); err != nil {
-		return ToErrno(err)
+		e := ToErrno(err)
+		if e == syscall.EAGAIN && lk.Flock {
+			// flock(2) converts a lock by dropping it first, so one
+			// refused under LOCK_NB leaves the owner none (Linux and
+			// BSD do so; the cluster changes nothing on a refusal).
+			l.Type = pb.LockType_LOCK_UNLOCK
+			_ = o.c.SetLock(ctx, l, false)
+		}
+		return e
 	}
 	if l.Type != pb.LockType_LOCK_UNLOCK {
 		o.lockGranted(ino)
