@@ -137,3 +137,31 @@ func TestLockHolderDies(t *testing.T) {
 		}
 	}
 }
+
+// TestLocksSurviveLeaderKill: locks are replicated state, so a new leader
+// knows every lock and waiter: the holder keeps its lock, the waiter
+// keeps its place and gets the lock when the holder lets go.
+func TestLocksSurviveLeaderKill(t *testing.T) {
+	c := server.StartCluster(t, 3)
+	a, b := connect(t, c), connect(t, c)
+	ctx := t.Context()
+	ino := putIno(t, a, "/f", "x")
+	require.NoError(t, a.SetLock(ctx, wrLock(ino, 1), false))
+	done := lockAsync(ctx, b, wrLock(ino, 1))
+
+	c.Kill(c.Index(c.WaitLeader(10 * time.Second)))
+	c.WaitLeader(30 * time.Second)
+	require.ErrorIs(t, b.SetLock(ctx, wrLock(ino, 2), false), syscall.EAGAIN)
+	select {
+	case err := <-done:
+		t.Fatalf("the waiter got the lock while it was held: %v", err)
+	default:
+	}
+	require.NoError(t, a.SetLock(ctx, client.Lock{Ino: ino, Owner: 1, End: client.LockEOF}, false))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter was not granted after the failover")
+	}
+}
