@@ -309,12 +309,20 @@ func (s *state) deadlock(r *lockRec, in []lockRec) bool {
 	return false
 }
 
-// lockQuery answers F_GETLK, or whether a waiter still waits.
+// lockQuery answers F_GETLK, or whether a waiter still waits. A waiter
+// that no longer waits was granted, unless its session or inode is gone
+// (which took it along): then the answer is ESTALE or ENOENT, never a
+// grant.
 func (s *state) lockQuery(x *pb.LockQuery) (*pb.Result, error) {
 	fl := s.fileLocks(x.Ino)
 	if x.Waiter != 0 {
-		if fl != nil && slices.ContainsFunc(fl.waiting, func(w lockRec) bool { return w.waiter == x.Waiter && w.session == x.Session }) {
+		switch {
+		case fl != nil && slices.ContainsFunc(fl.waiting, func(w lockRec) bool { return w.waiter == x.Waiter && w.session == x.Session }):
 			return &pb.Result{Queued: true, Waiter: x.Waiter}, nil
+		case s.session(x.Session) == nil:
+			return nil, errf(syscall.ESTALE, "session %d is unknown or expired", x.Session)
+		case s.inode(x.Ino) == nil:
+			return nil, errf(syscall.ENOENT, "inode %d", x.Ino)
 		}
 		return &pb.Result{}, nil
 	}

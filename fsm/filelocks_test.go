@@ -156,6 +156,9 @@ func TestLocksEndWithSession(t *testing.T) {
 	short := h.Must(ft.OpenSession(1000)).Session
 	h.Must(inSession(short, 0, ft.Flock(ino, 7, wr, false)))
 	h.Must(inSession(short, 0, ft.Lock(ino, 7, wr, 0, toEOF, false)))
+	// A waiter that leaves with its session is never reported granted.
+	rs := h.Must(inSession(short, 0, ft.Lock(ino, 8, rd, 0, 0, true)))
+	require.True(t, rs.Queued)
 	rf := h.Must(inSession(a, 0, ft.Flock(ino, 1, rd, true)))
 	rp := h.Must(inSession(b, 0, ft.Lock(ino, 1, rd, 0, 0, true)))
 	require.True(t, rf.Queued)
@@ -167,6 +170,7 @@ func TestLocksEndWithSession(t *testing.T) {
 	}
 	require.False(t, h.MustQ(ft.Waiting(ino, a, rf.Waiter)).Queued)
 	require.False(t, h.MustQ(ft.Waiting(ino, b, rp.Waiter)).Queued)
+	require.Equal(t, syscall.ESTALE, errnoOf(h.Q(ft.Waiting(ino, short, rs.Waiter))))
 	q := ft.GetLk(ino, short, 7, wr, 0, 0)
 	q.GetLock().Flock = true
 	require.Equal(t, a, h.MustQ(q).Lock.Session)
