@@ -113,3 +113,27 @@ func TestLockWaitCancelled(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 1, most)
 }
+
+// TestLocksOnBufferedFile: a file the mount made and has not sent yet
+// (buffered under an exclusive capability) can be tested and locked at
+// once: the lock's query and command send the journal first (sqlite's
+// F_GETLK on the -shm file it has just created).
+func TestLocksOnBufferedFile(t *testing.T) {
+	ops, c, other := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	_, e = ops.Mkdir(ctx, d.Ino, "warm", 0o755, root) // takes the directory exclusively
+	require.Zero(t, e)
+	before := c.Calls()
+	a, out, e := ops.Create(ctx, d.Ino, "shm", syscall.O_RDWR|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	require.Equal(t, before.Commands, c.Calls().Commands, "the create was not buffered")
+
+	got, e := ops.GetLk(ctx, a.Ino, out.Handle, Lock{Owner: 1, Type: syscall.F_WRLCK, End: OffsetMax})
+	require.Zero(t, e)
+	require.Equal(t, uint32(syscall.F_UNLCK), got.Type)
+	require.Zero(t, ops.SetLk(ctx, a.Ino, out.Handle, Lock{Owner: 1, Type: syscall.F_WRLCK, End: OffsetMax}, false))
+	theirs := client.Lock{Ino: a.Ino, Owner: 1, Type: pb.LockType_LOCK_READ, End: client.LockEOF}
+	require.ErrorIs(t, other.SetLock(ctx, theirs, false), syscall.EAGAIN)
+}
