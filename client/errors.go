@@ -115,6 +115,8 @@ func opName(cmd *pb.Command) string {
 		return "batch"
 	case *pb.Command_Touch:
 		return "touch"
+	case *pb.Command_Lock:
+		return "lock"
 	}
 	return "command"
 }
@@ -144,6 +146,8 @@ func cmdLoc(cmd *pb.Command) *pb.Loc {
 		return op.RemoveXattr.GetLoc()
 	case *pb.Command_Clone:
 		return op.Clone.GetDst()
+	case *pb.Command_Lock:
+		return &pb.Loc{Ino: op.Lock.GetIno()}
 	}
 	return nil
 }
@@ -168,6 +172,8 @@ func queryName(q *pb.Query) (string, *pb.Loc) {
 		return "wait", nil
 	case *pb.Query_Usage:
 		return "usage", v.Usage.GetLoc()
+	case *pb.Query_Lock:
+		return "getlk", &pb.Loc{Ino: v.Lock.GetIno()}
 	}
 	return "query", nil
 }

@@ -506,6 +506,14 @@ func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 		loc = x.ListXattr.GetLoc()
 	case *pb.Query_Handle:
 		return nil
+	case *pb.Query_Lock:
+		// A test of a lock names an inode this client may have made and
+		// not sent yet; a waiter's poll follows its own command, which
+		// waited for the journal.
+		if x.Lock.GetWaiter() != 0 {
+			return nil
+		}
+		loc = &pb.Loc{Ino: x.Lock.GetIno()}
 	}
 	if loc != nil && loc.GetPath() == "" && loc.GetName() == "" && !j.Touches(loc.GetIno()) {
 		return nil

@@ -172,6 +172,8 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.batch(orEmpty(op.Batch), sess)
 	case *pb.Command_Touch:
 		return t.touchCmd(orEmpty(op.Touch))
+	case *pb.Command_Lock:
+		return t.lockCmd(orEmpty(op.Lock), sess)
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")
@@ -196,7 +198,7 @@ func copyResult(r *pb.Result) *pb.Result {
 		Errno: r.Errno, Handle: r.Handle, N: r.N, Session: r.Session,
 		Queued: r.Queued, Message: r.Message, LeaseMs: r.LeaseMs,
 		Epoch: r.Epoch, Refused: slices.Clone(r.Refused), Granted: slices.Clone(r.Granted),
-		FirstIno: r.FirstIno, Failed: r.Failed,
+		FirstIno: r.FirstIno, Failed: r.Failed, Waiter: r.Waiter,
 	}
 	if len(r.Results) > 0 {
 		c.Results = make([]*pb.Result, len(r.Results))
@@ -318,8 +320,8 @@ func (t *tx) expireSessions() {
 }
 
 // endSession closes the session's handles (passing its exclusive opens on
-// and dropping its queued ones), forgets its recorded results and removes
-// it.
+// and dropping its queued ones), releases its file locks, forgets its
+// recorded results and removes it.
 func (t *tx) endSession(id uint64) {
 	var hs []uint64
 	t.handles.root().Walk(func(_ []byte, h *handle) bool {
@@ -334,4 +336,5 @@ func (t *tx) endSession(id uint64) {
 	t.sessions.del(u64key(id))
 	delete(t.freshSess, id)
 	t.dropCaps(id, 0)
+	t.dropLocks(id)
 }

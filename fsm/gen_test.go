@@ -72,7 +72,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(29) {
+	switch g.rng.IntN(31) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -141,6 +141,8 @@ func (g *logGen) command() *pb.Command {
 		c = ft.Batch(nil) // filled in below, once its session is chosen
 	case 27:
 		c = ft.Touch(g.ino(), g.ino())
+	case 28, 29:
+		c = g.lock()
 	default:
 		c = ft.Tick()
 	}
@@ -162,6 +164,25 @@ func (g *logGen) command() *pb.Command {
 		g.pickIno(c, c.Session)
 	}
 	return c
+}
+
+// lock returns a lock command on one of few inodes, owners and ranges, so
+// that locks conflict, split, merge, wait and deadlock.
+func (g *logGen) lock() *pb.Command {
+	ino, owner := g.ino(), uint64(1+g.rng.IntN(3))
+	typ := pb.LockType(g.rng.IntN(3))
+	switch g.rng.IntN(6) {
+	case 0:
+		return ft.Flock(ino, owner, typ, g.rng.IntN(2) == 0)
+	case 1:
+		return ft.CancelLock(ino, g.handle()+uint64(g.rng.IntN(3)))
+	}
+	start := uint64(g.rng.IntN(8))
+	end := start + uint64(g.rng.IntN(8))
+	if g.rng.IntN(4) == 0 {
+		end = 1<<64 - 1
+	}
+	return ft.Lock(ino, owner, typ, start, end, g.rng.IntN(2) == 0)
 }
 
 // fillBatch makes b a batch of session s: a few commands of the kinds a

@@ -130,6 +130,7 @@ func (t *tx) freeInode(n *inode) {
 	t.inodes.del(u64key(n.ino))
 	delete(t.fresh, n.ino)
 	t.locks.del(u64key(n.ino))
+	t.rlocks.del(u64key(n.ino))
 	t.ninodes--
 	t.touch(n.ino)
 	t.dropCaps(0, n.ino)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
@@ -188,7 +189,7 @@ func (rs *restorer) end(p []byte) error {
 }
 
 // order is the record kinds in the order they must come.
-const order = "HSFLCUIDB"
+const order = "HSFLCPUIDB"
 
 func isChunk(kind byte) bool { return kind == recBlock || kind == recRef || kind == recExtern }
 
@@ -230,6 +231,8 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 		return rs.lock(d)
 	case recCap:
 		return rs.capab(d)
+	case recFLocks:
+		return rs.fileLocks(d)
 	case recDup:
 		return rs.dup(d)
 	case recInode:
@@ -331,6 +334,47 @@ func (rs *restorer) capab(d *dec) error {
 	}
 	c.excl = flags&capExcl != 0
 	return putNew(rs, &rs.s.caps, pairKey(c.ino, c.session), c)
+}
+
+func (rs *restorer) fileLocks(d *dec) error {
+	ino := d.u()
+	fl := &fileLocks{}
+	var err error
+	list := func(waiting bool) []lockRec {
+		n := d.u()
+		if n > maxFileLocks || n > uint64(len(d.b)) {
+			err = badSnap("locks on %d: %d of them", ino, n)
+			return nil
+		}
+		out := make([]lockRec, 0, n)
+		for range n {
+			l := lockRec{session: d.u(), owner: d.u()}
+			flags := d.u()
+			l.start, l.end = d.u(), d.u()
+			pid := d.u()
+			if waiting {
+				l.waiter = d.u()
+			}
+			if flags&^(lockWrite|lockBSD) != 0 || pid > math.MaxUint32 {
+				err = badSnap("lock on %d: flags %#x, pid %d", ino, flags, pid)
+				return nil
+			}
+			l.write, l.bsd, l.pid = flags&lockWrite != 0, flags&lockBSD != 0, uint32(pid)
+			out = append(out, l)
+		}
+		return out
+	}
+	fl.held = list(false)
+	if err == nil {
+		fl.waiting = list(true)
+	}
+	if err != nil {
+		return err
+	}
+	if err := d.done(); err != nil {
+		return err
+	}
+	return putNew(rs, &rs.s.rlocks, u64key(ino), fl)
 }
 
 func (rs *restorer) dup(d *dec) error {

@@ -22,6 +22,7 @@ import (
 //	  'S' session (its inode reservations, when it has any, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
 //	      at the end, absent when it equals the epoch),
+//	  'P' the file locks of one inode: the locks held, then the waiters
 //	  'U' recorded result
 //	  'I' inode, 'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
@@ -44,6 +45,7 @@ const (
 	recHandle  = 'F'
 	recLock    = 'L'
 	recCap     = 'C'
+	recFLocks  = 'P'
 	recDup     = 'U'
 	recInode   = 'I'
 	recDirent  = 'D'
@@ -55,6 +57,10 @@ const (
 	maxRecord = 4 << 20 // any record but a block's
 
 	capExcl = 1 // flag of a 'C' record: the capability is exclusive
+
+	// Flags of a lock in a 'P' record.
+	lockWrite = 1
+	lockBSD   = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -152,6 +158,18 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		sw.record(recCap, e.b, nil)
 		return sw.err != nil
 	})
+	s.rlocks.root().Walk(func(k []byte, fl *fileLocks) bool {
+		e.reset().u(be.Uint64(k)).u(uint64(len(fl.held)))
+		for _, l := range fl.held {
+			encodeLock(&e, &l)
+		}
+		e.u(uint64(len(fl.waiting)))
+		for _, l := range fl.waiting {
+			encodeLock(&e, &l).u(l.waiter)
+		}
+		sw.record(recFLocks, e.b, nil)
+		return sw.err != nil
+	})
 	mo := proto.MarshalOptions{Deterministic: true}
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
 		for _, d := range x.dups {
@@ -199,6 +217,17 @@ func encodeInode(e *enc, n *inode) *enc {
 		e.s(a.name).bytes(a.value)
 	}
 	return e
+}
+
+func encodeLock(e *enc, l *lockRec) *enc {
+	var flags uint64
+	if l.write {
+		flags |= lockWrite
+	}
+	if l.bsd {
+		flags |= lockBSD
+	}
+	return e.u(l.session).u(l.owner).u(flags).u(l.start).u(l.end).u(uint64(l.pid))
 }
 
 // enc appends the snapshot's field encodings.

@@ -274,6 +274,7 @@ type state struct {
 	locks    tab[*xlock]       // ino -> exclusive-open state
 	sessions tab[*session]     // session id -> session
 	caps     tab[*capab]       // ino + session id -> capability
+	rlocks   tab[*fileLocks]   // ino -> POSIX and flock locks (filelocks.go)
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -282,7 +283,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		chunkSize: uint64(chunkSize), blocks: blocks,
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
-		caps: newTab[*capab](),
+		caps: newTab[*capab](), rlocks: newTab[*fileLocks](),
 	}
 }
 
@@ -294,6 +295,7 @@ func (s *state) commit() {
 	s.locks.commit()
 	s.sessions.commit()
 	s.caps.commit()
+	s.rlocks.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

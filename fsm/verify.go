@@ -40,6 +40,9 @@ func verify(s *state) error {
 	if err := verifyRanges(s); err != nil {
 		return err
 	}
+	if err := verifyFileLocks(s); err != nil {
+		return err
+	}
 	s.commit()
 	return nil
 }
@@ -353,4 +356,54 @@ func verifyRanges(s *state) error {
 		}
 	}
 	return nil
+}
+
+// verifyFileLocks checks the file locks: each of a live session on a
+// live inode, a range in order (a flock's the whole file), no two held
+// ones in conflict nor two of one owner overlapping, and waiters numbered
+// below the next handle, each once, and held up by some lock (a waiter
+// nothing holds up would have been granted).
+func verifyFileLocks(s *state) error {
+	var err error
+	waiters := make(map[uint64]bool)
+	s.rlocks.root().Walk(func(k []byte, fl *fileLocks) bool {
+		ino := be.Uint64(k)
+		if len(fl.held)+len(fl.waiting) == 0 {
+			err = badSnap("empty lock record for %d", ino)
+			return true
+		}
+		if s.inode(ino) == nil {
+			err = badSnap("locks on missing inode %d", ino)
+			return true
+		}
+		for i, l := range append(slices.Clip(fl.held), fl.waiting...) {
+			waiting := i >= len(fl.held)
+			switch {
+			case s.session(l.session) == nil:
+				err = badSnap("lock on %d of unknown session %d", ino, l.session)
+			case l.start > l.end || (l.bsd && (l.start != 0 || l.end != lockEOF)):
+				err = badSnap("lock on %d: range %d-%d", ino, l.start, l.end)
+			case waiting && (l.waiter == 0 || l.waiter >= s.nextHandle || waiters[l.waiter]):
+				err = badSnap("lock waiter %d on %d", l.waiter, ino)
+			case waiting && len(blockers(fl.held, &l)) == 0:
+				err = badSnap("lock waiter %d on %d waits for nothing", l.waiter, ino)
+			}
+			if err != nil {
+				return true
+			}
+			waiters[l.waiter] = waiting
+			if waiting {
+				continue
+			}
+			for j := range i {
+				o := &fl.held[j]
+				if o.conflicts(&l) || (o.sameOwner(&l) && o.overlaps(&l)) {
+					err = badSnap("locks on %d: two held locks overlap", ino)
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return err
 }

@@ -54,11 +54,10 @@ var testCaps = os.Getenv("MEMFS_FUSE_CAPS") != "off"
 var testSync = os.Getenv("MEMFS_FUSE_SYNC") == "on"
 
 // mountOn mounts the cluster reachable at addrs on a new directory with its
-// own client, and unmounts it at cleanup (tearing the connection down by
-// force if a hung request keeps it busy).
-func mountOn(t *testing.T, addrs []string, opt Options) *MountPoint {
+// own client (made with copts), and unmounts it at cleanup (tearing the
+// connection down by force if a hung request keeps it busy).
+func mountOn(t *testing.T, addrs []string, opt Options, copts ...client.Option) *MountPoint {
 	t.Helper()
-	var copts []client.Option
 	if testCaps {
 		copts = append(copts, client.WithCaps())
 	}

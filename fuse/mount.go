@@ -78,6 +78,11 @@ type Options struct {
 	// small writes, but O_APPEND is then placed by this kernel, so appends
 	// from two mounts may overwrite each other.
 	WritebackCache bool
+	// LocalLocks leaves fcntl and flock locks to this host's kernel, as
+	// a local file system has them: they then exclude processes of this
+	// host only. Without it they are held in the cluster and exclude
+	// processes on every mount (docs/fuse.md, "Locks").
+	LocalLocks bool
 	// ForceUnmount detaches a live FUSE mount found on the mountpoint
 	// instead of refusing it. A stale one is always cleared.
 	ForceUnmount bool
@@ -238,6 +243,7 @@ func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error
 		gfs, err := gofusefs.Mount(dir, ops, gofusefs.Config{
 			AttrTimeout: opt.AttrTimeout, Covered: covered(ops), Watching: ops.Watching,
 			FSName: fsName(opt), AllowOther: opt.AllowOther, WritebackCache: opt.WritebackCache,
+			LocalLocks:   opt.LocalLocks,
 			MaxReadahead: maxReadahead, MaxBackground: maxBackground, Congestion: congestion,
 			Debug: opt.Debug != nil,
 		})
@@ -305,6 +311,9 @@ func mountOptions(opt Options) []bfuse.MountOption {
 	}
 	if opt.WritebackCache {
 		o = append(o, bfuse.WritebackCache())
+	}
+	if !opt.LocalLocks {
+		o = append(o, bfuse.LockingPOSIX(), bfuse.LockingFlock())
 	}
 	return o
 }

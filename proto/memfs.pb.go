@@ -102,6 +102,56 @@ func (SetAttrBit) EnumDescriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{0}
 }
 
+// LockType is what a LockCmd asks for or a LockQuery tests.
+type LockType int32
+
+const (
+	LockType_LOCK_UNLOCK LockType = 0
+	LockType_LOCK_READ   LockType = 1 // shared
+	LockType_LOCK_WRITE  LockType = 2 // exclusive
+)
+
+// Enum value maps for LockType.
+var (
+	LockType_name = map[int32]string{
+		0: "LOCK_UNLOCK",
+		1: "LOCK_READ",
+		2: "LOCK_WRITE",
+	}
+	LockType_value = map[string]int32{
+		"LOCK_UNLOCK": 0,
+		"LOCK_READ":   1,
+		"LOCK_WRITE":  2,
+	}
+)
+
+func (x LockType) Enum() *LockType {
+	p := new(LockType)
+	*p = x
+	return p
+}
+
+func (x LockType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockType) Descriptor() protoreflect.EnumDescriptor {
+	return file_memfs_proto_enumTypes[1].Descriptor()
+}
+
+func (LockType) Type() protoreflect.EnumType {
+	return &file_memfs_proto_enumTypes[1]
+}
+
+func (x LockType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockType.Descriptor instead.
+func (LockType) EnumDescriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{1}
+}
+
 type Consistency int32
 
 const (
@@ -132,11 +182,11 @@ func (x Consistency) String() string {
 }
 
 func (Consistency) Descriptor() protoreflect.EnumDescriptor {
-	return file_memfs_proto_enumTypes[1].Descriptor()
+	return file_memfs_proto_enumTypes[2].Descriptor()
 }
 
 func (Consistency) Type() protoreflect.EnumType {
-	return &file_memfs_proto_enumTypes[1]
+	return &file_memfs_proto_enumTypes[2]
 }
 
 func (x Consistency) Number() protoreflect.EnumNumber {
@@ -145,7 +195,7 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{1}
+	return file_memfs_proto_rawDescGZIP(), []int{2}
 }
 
 // Attr is what stat(2) reports. mode carries the file type bits (S_IFREG,
@@ -2065,6 +2115,211 @@ func (x *TouchCmd) GetInos() []uint64 {
 	return nil
 }
 
+// LockCmd takes, changes or releases a lock of the session on inode ino
+// (docs/protocol.md, "Locks"): a POSIX record lock of lock owner owner on
+// the bytes [start, end] (end inclusive; 2^64-1 reaches past any end of
+// file), or with flock a flock(2) lock of the open file owner on the whole
+// file (start and end are ignored). The two kinds never conflict with each
+// other. A lock that conflicts with another owner's fails with EAGAIN, or
+// with wait is queued: Result.queued and Result.waiter, then granted in
+// order when it no longer conflicts (poll with LockQuery); a POSIX wait
+// that would close a cycle of owners waiting for each other is EDEADLK.
+// cancel, when not 0, only drops the session's queued waiter of that
+// number: Result.queued says it was still waiting (and is now dropped),
+// false that it was granted or gone.
+type LockCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Owner         uint64                 `protobuf:"varint,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	Type          LockType               `protobuf:"varint,3,opt,name=type,proto3,enum=memfs.v1.LockType" json:"type,omitempty"`
+	Start         uint64                 `protobuf:"varint,4,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,5,opt,name=end,proto3" json:"end,omitempty"`
+	Flock         bool                   `protobuf:"varint,6,opt,name=flock,proto3" json:"flock,omitempty"`
+	Wait          bool                   `protobuf:"varint,7,opt,name=wait,proto3" json:"wait,omitempty"`
+	Pid           uint32                 `protobuf:"varint,8,opt,name=pid,proto3" json:"pid,omitempty"` // reported to F_GETLK
+	Cancel        uint64                 `protobuf:"varint,9,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockCmd) Reset() {
+	*x = LockCmd{}
+	mi := &file_memfs_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockCmd) ProtoMessage() {}
+
+func (x *LockCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockCmd.ProtoReflect.Descriptor instead.
+func (*LockCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *LockCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *LockCmd) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+func (x *LockCmd) GetType() LockType {
+	if x != nil {
+		return x.Type
+	}
+	return LockType_LOCK_UNLOCK
+}
+
+func (x *LockCmd) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *LockCmd) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *LockCmd) GetFlock() bool {
+	if x != nil {
+		return x.Flock
+	}
+	return false
+}
+
+func (x *LockCmd) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+func (x *LockCmd) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *LockCmd) GetCancel() uint64 {
+	if x != nil {
+		return x.Cancel
+	}
+	return 0
+}
+
+// Lock is a held lock as F_GETLK reports it.
+type Lock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          LockType               `protobuf:"varint,1,opt,name=type,proto3,enum=memfs.v1.LockType" json:"type,omitempty"`
+	Start         uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	Pid           uint32                 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	Session       uint64                 `protobuf:"varint,5,opt,name=session,proto3" json:"session,omitempty"`
+	Owner         uint64                 `protobuf:"varint,6,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Lock) Reset() {
+	*x = Lock{}
+	mi := &file_memfs_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Lock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Lock) ProtoMessage() {}
+
+func (x *Lock) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Lock.ProtoReflect.Descriptor instead.
+func (*Lock) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Lock) GetType() LockType {
+	if x != nil {
+		return x.Type
+	}
+	return LockType_LOCK_UNLOCK
+}
+
+func (x *Lock) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *Lock) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *Lock) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Lock) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *Lock) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -2099,6 +2354,7 @@ type Command struct {
 	//	*Command_ReserveInodes
 	//	*Command_Batch
 	//	*Command_Touch
+	//	*Command_Lock
 	//	*Command_OpenSession
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
@@ -2110,7 +2366,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2378,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2391,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -2335,6 +2591,15 @@ func (x *Command) GetTouch() *TouchCmd {
 	return nil
 }
 
+func (x *Command) GetLock() *LockCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Lock); ok {
+			return x.Lock
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetOpenSession() *OpenSessionCmd {
 	if x != nil {
 		if x, ok := x.Op.(*Command_OpenSession); ok {
@@ -2447,6 +2712,10 @@ type Command_Touch struct {
 	Touch *TouchCmd `protobuf:"bytes,27,opt,name=touch,proto3,oneof"`
 }
 
+type Command_Lock struct {
+	Lock *LockCmd `protobuf:"bytes,28,opt,name=lock,proto3,oneof"`
+}
+
 type Command_OpenSession struct {
 	OpenSession *OpenSessionCmd `protobuf:"bytes,30,opt,name=open_session,json=openSession,proto3,oneof"`
 }
@@ -2499,6 +2768,8 @@ func (*Command_Batch) isCommand_Op() {}
 
 func (*Command_Touch) isCommand_Op() {}
 
+func (*Command_Lock) isCommand_Op() {}
+
 func (*Command_OpenSession) isCommand_Op() {}
 
 func (*Command_KeepAlive) isCommand_Op() {}
@@ -2527,7 +2798,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +2810,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +2823,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2617,13 +2888,15 @@ type Result struct {
 	FirstIno      uint64    `protobuf:"varint,21,opt,name=first_ino,json=firstIno,proto3" json:"first_ino,omitempty"` // reserve_inodes: the first number reserved
 	Results       []*Result `protobuf:"bytes,22,rep,name=results,proto3" json:"results,omitempty"`                    // batch: one result per command
 	Failed        uint32    `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
+	Waiter        uint64    `protobuf:"varint,24,opt,name=waiter,proto3" json:"waiter,omitempty"`                     // lock: the queued waiter (with queued)
+	Lock          *Lock     `protobuf:"bytes,25,opt,name=lock,proto3" json:"lock,omitempty"`                          // lock query: the first conflicting lock, absent when none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2908,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2921,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -2812,6 +3085,20 @@ func (x *Result) GetFailed() uint32 {
 	return 0
 }
 
+func (x *Result) GetWaiter() uint64 {
+	if x != nil {
+		return x.Waiter
+	}
+	return 0
+}
+
+func (x *Result) GetLock() *Lock {
+	if x != nil {
+		return x.Lock
+	}
+	return nil
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -2821,7 +3108,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3120,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3133,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -2868,7 +3155,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +3167,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +3180,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -2936,7 +3223,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3235,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3248,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -3001,7 +3288,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3300,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3313,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -3046,7 +3333,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3345,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3358,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -3097,7 +3384,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3396,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3409,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -3140,7 +3427,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3439,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3452,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -3182,7 +3469,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3481,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3494,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -3240,7 +3527,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3539,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3552,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -3273,6 +3560,119 @@ func (x *UsageQuery) GetLoc() *Loc {
 		return x.Loc
 	}
 	return nil
+}
+
+// LockQuery tests a lock as F_GETLK does (the fields as in LockCmd; the
+// session's own owner never conflicts with itself): Result.lock is the
+// first held lock in its way. With waiter it asks instead whether that
+// queued waiter of session still waits (Result.queued); with wait the node
+// answers only once it does not, or the call's deadline passes.
+type LockQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Session       uint64                 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	Owner         uint64                 `protobuf:"varint,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	Type          LockType               `protobuf:"varint,4,opt,name=type,proto3,enum=memfs.v1.LockType" json:"type,omitempty"`
+	Start         uint64                 `protobuf:"varint,5,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
+	Flock         bool                   `protobuf:"varint,7,opt,name=flock,proto3" json:"flock,omitempty"`
+	Waiter        uint64                 `protobuf:"varint,8,opt,name=waiter,proto3" json:"waiter,omitempty"`
+	Wait          bool                   `protobuf:"varint,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockQuery) Reset() {
+	*x = LockQuery{}
+	mi := &file_memfs_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockQuery) ProtoMessage() {}
+
+func (x *LockQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockQuery.ProtoReflect.Descriptor instead.
+func (*LockQuery) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *LockQuery) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *LockQuery) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *LockQuery) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+func (x *LockQuery) GetType() LockType {
+	if x != nil {
+		return x.Type
+	}
+	return LockType_LOCK_UNLOCK
+}
+
+func (x *LockQuery) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *LockQuery) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *LockQuery) GetFlock() bool {
+	if x != nil {
+		return x.Flock
+	}
+	return false
+}
+
+func (x *LockQuery) GetWaiter() uint64 {
+	if x != nil {
+		return x.Waiter
+	}
+	return 0
+}
+
+func (x *LockQuery) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
 }
 
 // TreeUsage is dedup accounting for a directory tree.
@@ -3288,7 +3688,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3700,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3713,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -3357,6 +3757,7 @@ type Query struct {
 	//	*Query_Statfs
 	//	*Query_Handle
 	//	*Query_Usage
+	//	*Query_Lock
 	Q             isQuery_Q `protobuf_oneof:"q"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3364,7 +3765,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3376,7 +3777,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3389,7 +3790,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -3480,6 +3881,15 @@ func (x *Query) GetUsage() *UsageQuery {
 	return nil
 }
 
+func (x *Query) GetLock() *LockQuery {
+	if x != nil {
+		if x, ok := x.Q.(*Query_Lock); ok {
+			return x.Lock
+		}
+	}
+	return nil
+}
+
 type isQuery_Q interface {
 	isQuery_Q()
 }
@@ -3520,6 +3930,10 @@ type Query_Usage struct {
 	Usage *UsageQuery `protobuf:"bytes,9,opt,name=usage,proto3,oneof"`
 }
 
+type Query_Lock struct {
+	Lock *LockQuery `protobuf:"bytes,10,opt,name=lock,proto3,oneof"`
+}
+
 func (*Query_Stat) isQuery_Q() {}
 
 func (*Query_Read) isQuery_Q() {}
@@ -3538,6 +3952,8 @@ func (*Query_Handle) isQuery_Q() {}
 
 func (*Query_Usage) isQuery_Q() {}
 
+func (*Query_Lock) isQuery_Q() {}
+
 // Every request carries the protocol version; a node refuses one it does not
 // speak with FAILED_PRECONDITION.
 type ApplyRequest struct {
@@ -3550,7 +3966,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3978,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3991,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -3602,7 +4018,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +4030,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +4043,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -3660,7 +4076,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4088,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4101,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -3726,7 +4142,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +4154,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +4167,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -3783,7 +4199,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +4211,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +4224,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -3842,7 +4258,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3854,7 +4270,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3867,7 +4283,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -3931,7 +4347,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4359,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4372,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -4165,7 +4581,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4593,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4606,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -4228,7 +4644,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4656,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4669,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4360,7 +4776,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4372,7 +4788,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4385,7 +4801,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -4431,7 +4847,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4443,7 +4859,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4456,7 +4872,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 type RemoveNodeRequest struct {
@@ -4469,7 +4885,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4897,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4910,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -4519,7 +4935,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4531,7 +4947,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4544,7 +4960,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -4559,7 +4975,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4571,7 +4987,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4584,7 +5000,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -4611,7 +5027,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +5039,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +5052,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -4656,7 +5072,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +5084,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +5097,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -4714,7 +5130,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +5142,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +5155,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -4786,7 +5202,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4798,7 +5214,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4811,7 +5227,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -4837,7 +5253,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +5265,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +5278,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4908,7 +5324,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4920,7 +5336,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4933,7 +5349,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -5115,7 +5531,24 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06fences\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x06fences\x12-\n" +
 	"\bcommands\x18\x02 \x03(\v2\x11.memfs.v1.CommandR\bcommands\"\x1e\n" +
 	"\bTouchCmd\x12\x12\n" +
-	"\x04inos\x18\x01 \x03(\x04R\x04inos\"\xac\t\n" +
+	"\x04inos\x18\x01 \x03(\x04R\x04inos\"\xd5\x01\n" +
+	"\aLockCmd\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\x04R\x05owner\x12&\n" +
+	"\x04type\x18\x03 \x01(\x0e2\x12.memfs.v1.LockTypeR\x04type\x12\x14\n" +
+	"\x05start\x18\x04 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x05 \x01(\x04R\x03end\x12\x14\n" +
+	"\x05flock\x18\x06 \x01(\bR\x05flock\x12\x12\n" +
+	"\x04wait\x18\a \x01(\bR\x04wait\x12\x10\n" +
+	"\x03pid\x18\b \x01(\rR\x03pid\x12\x16\n" +
+	"\x06cancel\x18\t \x01(\x04R\x06cancel\"\x98\x01\n" +
+	"\x04Lock\x12&\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x12.memfs.v1.LockTypeR\x04type\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
+	"\asession\x18\x05 \x01(\x04R\asession\x12\x14\n" +
+	"\x05owner\x18\x06 \x01(\x04R\x05owner\"\xd5\t\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -5139,7 +5572,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05mknod\x18\x18 \x01(\v2\x12.memfs.v1.MknodCmdH\x00R\x05mknod\x12C\n" +
 	"\x0ereserve_inodes\x18\x19 \x01(\v2\x1a.memfs.v1.ReserveInodesCmdH\x00R\rreserveInodes\x12*\n" +
 	"\x05batch\x18\x1a \x01(\v2\x12.memfs.v1.BatchCmdH\x00R\x05batch\x12*\n" +
-	"\x05touch\x18\x1b \x01(\v2\x12.memfs.v1.TouchCmdH\x00R\x05touch\x12=\n" +
+	"\x05touch\x18\x1b \x01(\v2\x12.memfs.v1.TouchCmdH\x00R\x05touch\x12'\n" +
+	"\x04lock\x18\x1c \x01(\v2\x11.memfs.v1.LockCmdH\x00R\x04lock\x12=\n" +
 	"\fopen_session\x18\x1e \x01(\v2\x18.memfs.v1.OpenSessionCmdH\x00R\vopenSession\x127\n" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
@@ -5150,7 +5584,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xff\x04\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xbb\x05\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -5175,7 +5609,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06recall\x18\x13 \x01(\bR\x06recall\x12\x1b\n" +
 	"\tfirst_ino\x18\x15 \x01(\x04R\bfirstIno\x12*\n" +
 	"\aresults\x18\x16 \x03(\v2\x10.memfs.v1.ResultR\aresults\x12\x16\n" +
-	"\x06failed\x18\x17 \x01(\rR\x06failed\",\n" +
+	"\x06failed\x18\x17 \x01(\rR\x06failed\x12\x16\n" +
+	"\x06waiter\x18\x18 \x01(\x04R\x06waiter\x12\"\n" +
+	"\x04lock\x18\x19 \x01(\v2\x0e.memfs.v1.LockR\x04lock\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -5202,12 +5638,22 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"-\n" +
 	"\n" +
 	"UsageQuery\x12\x1f\n" +
-	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"\x90\x01\n" +
+	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"\xdf\x01\n" +
+	"\tLockQuery\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\x04R\x05owner\x12&\n" +
+	"\x04type\x18\x04 \x01(\x0e2\x12.memfs.v1.LockTypeR\x04type\x12\x14\n" +
+	"\x05start\x18\x05 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x06 \x01(\x04R\x03end\x12\x14\n" +
+	"\x05flock\x18\a \x01(\bR\x05flock\x12\x16\n" +
+	"\x06waiter\x18\b \x01(\x04R\x06waiter\x12\x12\n" +
+	"\x04wait\x18\t \x01(\bR\x04wait\"\x90\x01\n" +
 	"\tTreeUsage\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xd1\x03\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xfc\x03\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -5218,7 +5664,9 @@ const file_memfs_proto_rawDesc = "" +
 	"list_xattr\x18\x06 \x01(\v2\x18.memfs.v1.ListXattrQueryH\x00R\tlistXattr\x12/\n" +
 	"\x06statfs\x18\a \x01(\v2\x15.memfs.v1.StatfsQueryH\x00R\x06statfs\x12/\n" +
 	"\x06handle\x18\b \x01(\v2\x15.memfs.v1.HandleQueryH\x00R\x06handle\x12,\n" +
-	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usageB\x03\n" +
+	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usage\x12)\n" +
+	"\x04lock\x18\n" +
+	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lockB\x03\n" +
 	"\x01q\"U\n" +
 	"\fApplyRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12+\n" +
@@ -5345,7 +5793,12 @@ const file_memfs_proto_rawDesc = "" +
 	"\tSET_MTIME\x10 \x12\x11\n" +
 	"\rSET_ATIME_NOW\x10@\x12\x12\n" +
 	"\rSET_MTIME_NOW\x10\x80\x01\x12\x13\n" +
-	"\x0eSET_ATIME_READ\x10\x80\x02**\n" +
+	"\x0eSET_ATIME_READ\x10\x80\x02*:\n" +
+	"\bLockType\x12\x0f\n" +
+	"\vLOCK_UNLOCK\x10\x00\x12\r\n" +
+	"\tLOCK_READ\x10\x01\x12\x0e\n" +
+	"\n" +
+	"LOCK_WRITE\x10\x02**\n" +
 	"\vConsistency\x12\x10\n" +
 	"\fLINEARIZABLE\x10\x00\x12\t\n" +
 	"\x05STALE\x10\x012\xf9\x04\n" +
@@ -5374,173 +5827,183 @@ func file_memfs_proto_rawDescGZIP() []byte {
 	return file_memfs_proto_rawDescData
 }
 
-var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
-	(Consistency)(0),              // 1: memfs.v1.Consistency
-	(*Attr)(nil),                  // 2: memfs.v1.Attr
-	(*Loc)(nil),                   // 3: memfs.v1.Loc
-	(*Dirent)(nil),                // 4: memfs.v1.Dirent
-	(*Statfs)(nil),                // 5: memfs.v1.Statfs
-	(*OpenCmd)(nil),               // 6: memfs.v1.OpenCmd
-	(*CloseCmd)(nil),              // 7: memfs.v1.CloseCmd
-	(*WriteCmd)(nil),              // 8: memfs.v1.WriteCmd
-	(*MkdirCmd)(nil),              // 9: memfs.v1.MkdirCmd
-	(*RemoveCmd)(nil),             // 10: memfs.v1.RemoveCmd
-	(*RenameCmd)(nil),             // 11: memfs.v1.RenameCmd
-	(*SetAttrCmd)(nil),            // 12: memfs.v1.SetAttrCmd
-	(*MknodCmd)(nil),              // 13: memfs.v1.MknodCmd
-	(*SymlinkCmd)(nil),            // 14: memfs.v1.SymlinkCmd
-	(*LinkCmd)(nil),               // 15: memfs.v1.LinkCmd
-	(*SetXattrCmd)(nil),           // 16: memfs.v1.SetXattrCmd
-	(*RemoveXattrCmd)(nil),        // 17: memfs.v1.RemoveXattrCmd
-	(*CloneCmd)(nil),              // 18: memfs.v1.CloneCmd
-	(*OpenSessionCmd)(nil),        // 19: memfs.v1.OpenSessionCmd
-	(*KeepAliveCmd)(nil),          // 20: memfs.v1.KeepAliveCmd
-	(*CloseSessionCmd)(nil),       // 21: memfs.v1.CloseSessionCmd
-	(*TickCmd)(nil),               // 22: memfs.v1.TickCmd
-	(*GrantCmd)(nil),              // 23: memfs.v1.GrantCmd
-	(*CapRef)(nil),                // 24: memfs.v1.CapRef
-	(*ReleaseCmd)(nil),            // 25: memfs.v1.ReleaseCmd
-	(*ReserveInodesCmd)(nil),      // 26: memfs.v1.ReserveInodesCmd
-	(*BatchCmd)(nil),              // 27: memfs.v1.BatchCmd
-	(*TouchCmd)(nil),              // 28: memfs.v1.TouchCmd
-	(*Command)(nil),               // 29: memfs.v1.Command
-	(*Entry)(nil),                 // 30: memfs.v1.Entry
-	(*Result)(nil),                // 31: memfs.v1.Result
-	(*StatQuery)(nil),             // 32: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 33: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 34: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 35: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 36: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 37: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 38: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 39: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 40: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),             // 41: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 42: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 43: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 44: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 45: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 46: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 47: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 48: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 49: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 50: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 51: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 52: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 53: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 54: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 55: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 56: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 57: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 58: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 59: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 60: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 61: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 62: memfs.v1.Recall
+	(LockType)(0),                 // 1: memfs.v1.LockType
+	(Consistency)(0),              // 2: memfs.v1.Consistency
+	(*Attr)(nil),                  // 3: memfs.v1.Attr
+	(*Loc)(nil),                   // 4: memfs.v1.Loc
+	(*Dirent)(nil),                // 5: memfs.v1.Dirent
+	(*Statfs)(nil),                // 6: memfs.v1.Statfs
+	(*OpenCmd)(nil),               // 7: memfs.v1.OpenCmd
+	(*CloseCmd)(nil),              // 8: memfs.v1.CloseCmd
+	(*WriteCmd)(nil),              // 9: memfs.v1.WriteCmd
+	(*MkdirCmd)(nil),              // 10: memfs.v1.MkdirCmd
+	(*RemoveCmd)(nil),             // 11: memfs.v1.RemoveCmd
+	(*RenameCmd)(nil),             // 12: memfs.v1.RenameCmd
+	(*SetAttrCmd)(nil),            // 13: memfs.v1.SetAttrCmd
+	(*MknodCmd)(nil),              // 14: memfs.v1.MknodCmd
+	(*SymlinkCmd)(nil),            // 15: memfs.v1.SymlinkCmd
+	(*LinkCmd)(nil),               // 16: memfs.v1.LinkCmd
+	(*SetXattrCmd)(nil),           // 17: memfs.v1.SetXattrCmd
+	(*RemoveXattrCmd)(nil),        // 18: memfs.v1.RemoveXattrCmd
+	(*CloneCmd)(nil),              // 19: memfs.v1.CloneCmd
+	(*OpenSessionCmd)(nil),        // 20: memfs.v1.OpenSessionCmd
+	(*KeepAliveCmd)(nil),          // 21: memfs.v1.KeepAliveCmd
+	(*CloseSessionCmd)(nil),       // 22: memfs.v1.CloseSessionCmd
+	(*TickCmd)(nil),               // 23: memfs.v1.TickCmd
+	(*GrantCmd)(nil),              // 24: memfs.v1.GrantCmd
+	(*CapRef)(nil),                // 25: memfs.v1.CapRef
+	(*ReleaseCmd)(nil),            // 26: memfs.v1.ReleaseCmd
+	(*ReserveInodesCmd)(nil),      // 27: memfs.v1.ReserveInodesCmd
+	(*BatchCmd)(nil),              // 28: memfs.v1.BatchCmd
+	(*TouchCmd)(nil),              // 29: memfs.v1.TouchCmd
+	(*LockCmd)(nil),               // 30: memfs.v1.LockCmd
+	(*Lock)(nil),                  // 31: memfs.v1.Lock
+	(*Command)(nil),               // 32: memfs.v1.Command
+	(*Entry)(nil),                 // 33: memfs.v1.Entry
+	(*Result)(nil),                // 34: memfs.v1.Result
+	(*StatQuery)(nil),             // 35: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 36: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 37: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 38: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 39: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 40: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 41: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 42: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 43: memfs.v1.UsageQuery
+	(*LockQuery)(nil),             // 44: memfs.v1.LockQuery
+	(*TreeUsage)(nil),             // 45: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 46: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 47: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 48: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 49: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 50: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 51: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 52: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 53: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 54: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 55: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 56: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 57: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 58: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 59: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 60: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 61: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 62: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 63: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 64: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 65: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 66: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
-	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
-	3,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
-	3,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	3,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	3,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	24, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	24, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
-	29, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
-	6,  // 19: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 20: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 21: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 22: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 23: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 24: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 25: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	14, // 26: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	15, // 27: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	16, // 28: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	17, // 29: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	18, // 30: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	23, // 31: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	25, // 32: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	13, // 33: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	26, // 34: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	27, // 35: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	28, // 36: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	19, // 37: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	20, // 38: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	21, // 39: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	22, // 40: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	29, // 41: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 42: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 43: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 44: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	41, // 45: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	31, // 46: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	3,  // 47: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 48: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 49: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 50: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 51: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 52: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 53: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	32, // 54: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	33, // 55: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	34, // 56: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	35, // 57: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	36, // 58: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	37, // 59: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	38, // 60: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	39, // 61: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	40, // 62: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	29, // 63: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	31, // 64: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	42, // 65: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 66: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	31, // 67: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	29, // 68: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	31, // 69: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	49, // 70: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	49, // 71: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 72: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	62, // 73: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	43, // 74: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	45, // 75: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	47, // 76: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	45, // 77: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	50, // 78: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	52, // 79: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	54, // 80: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	56, // 81: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	58, // 82: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	60, // 83: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	44, // 84: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	46, // 85: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	44, // 86: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	48, // 87: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	51, // 88: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	53, // 89: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	55, // 90: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	57, // 91: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	59, // 92: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	61, // 93: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	84, // [84:94] is the sub-list for method output_type
-	74, // [74:84] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	3,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
+	4,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
+	4,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
+	4,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	4,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	4,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	4,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	25, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	25, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
+	32, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
+	1,  // 19: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
+	1,  // 20: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
+	7,  // 21: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	8,  // 22: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	9,  // 23: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	10, // 24: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	11, // 25: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	12, // 26: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	13, // 27: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	15, // 28: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	16, // 29: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	17, // 30: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	18, // 31: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	19, // 32: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	24, // 33: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	26, // 34: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	14, // 35: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	27, // 36: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	28, // 37: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	29, // 38: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	30, // 39: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
+	20, // 40: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	21, // 41: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	22, // 42: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	23, // 43: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	32, // 44: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	3,  // 45: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	5,  // 46: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	6,  // 47: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	45, // 48: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	34, // 49: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	31, // 50: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
+	4,  // 51: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 52: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 53: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 54: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 55: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 56: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 57: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	1,  // 58: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
+	35, // 59: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	36, // 60: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	37, // 61: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	38, // 62: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	39, // 63: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	40, // 64: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	41, // 65: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	42, // 66: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	43, // 67: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	44, // 68: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	32, // 69: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	34, // 70: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	46, // 71: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	2,  // 72: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	34, // 73: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	32, // 74: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	34, // 75: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	53, // 76: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	53, // 77: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	5,  // 78: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	66, // 79: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	47, // 80: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	49, // 81: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	51, // 82: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	49, // 83: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	54, // 84: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	56, // 85: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	58, // 86: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	60, // 87: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	62, // 88: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	64, // 89: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	48, // 90: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	50, // 91: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	48, // 92: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	52, // 93: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	55, // 94: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	57, // 95: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	59, // 96: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	61, // 97: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	63, // 98: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	65, // 99: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	90, // [90:100] is the sub-list for method output_type
+	80, // [80:90] is the sub-list for method input_type
+	80, // [80:80] is the sub-list for extension type_name
+	80, // [80:80] is the sub-list for extension extendee
+	0,  // [0:80] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -5549,7 +6012,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[27].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[29].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -5568,12 +6031,13 @@ func file_memfs_proto_init() {
 		(*Command_ReserveInodes)(nil),
 		(*Command_Batch)(nil),
 		(*Command_Touch)(nil),
+		(*Command_Lock)(nil),
 		(*Command_OpenSession)(nil),
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
 	}
-	file_memfs_proto_msgTypes[40].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[43].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -5583,14 +6047,15 @@ func file_memfs_proto_init() {
 		(*Query_Statfs)(nil),
 		(*Query_Handle)(nil),
 		(*Query_Usage)(nil),
+		(*Query_Lock)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   61,
+			NumEnums:      3,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -237,13 +237,14 @@ func (n *Node) touch(ctx context.Context, session uint64, inos []uint64) (*pb.Ap
 }
 
 // queryLocal answers from this node's state. A HandleQuery with wait
-// long-polls until the handle is no longer queued.
+// long-polls until the handle is no longer queued, a LockQuery with wait
+// until its waiter no longer waits.
 func (n *Node) queryLocal(ctx context.Context, req *pb.QueryRequest) (*pb.Result, error) {
 	start := time.Now()
 	defer func() {
 		n.metrics.queryLatency.WithLabelValues(req.Consistency.String()).Observe(time.Since(start).Seconds())
 	}()
-	wait := req.Query.GetHandle().GetWait()
+	wait := req.Query.GetHandle().GetWait() || req.Query.GetLock().GetWait()
 	for {
 		changed := n.fsm.Changed()
 		res := n.fsm.Query(req.Query)

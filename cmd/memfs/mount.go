@@ -27,6 +27,7 @@ var mountFlags struct {
 	daemon           bool
 	allowOther       bool
 	writeback        bool
+	localLocks       bool
 	force            bool
 	noWatch          bool
 	attrTimeout      time.Duration
@@ -69,6 +70,7 @@ func init() {
 	f.BoolVar(&mountFlags.daemon, "daemon", false, "detach and return once the mount is ready")
 	f.BoolVar(&mountFlags.allowOther, "allow-other", false, "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless root)")
 	f.BoolVar(&mountFlags.writeback, "writeback-cache", false, "kernel writeback cache: faster small writes, but O_APPEND from two mounts may overwrite each other")
+	f.BoolVar(&mountFlags.localLocks, "local-locks", false, "keep fcntl and flock locks in this host's kernel: they then exclude processes of this host only, not of other mounts (docs/fuse.md)")
 	f.BoolVar(&mountFlags.force, "force-unmount", false, "detach a live FUSE mount already on MOUNTPOINT instead of refusing")
 	f.BoolVar(&mountFlags.noWatch, "no-watch", false, "do not apply the cluster's change events (other mounts' changes then show after --attr-timeout)")
 	f.DurationVar(&mountFlags.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names without capabilities (with them: what a capability covers, while it can be trusted)")
@@ -102,6 +104,7 @@ func mountOptions() fuse.Options {
 		OpTimeout:      mountFlags.opTimeout,
 		AllowOther:     mountFlags.allowOther,
 		WritebackCache: mountFlags.writeback,
+		LocalLocks:     mountFlags.localLocks,
 		ForceUnmount:   mountFlags.force,
 		NoWatch:        mountFlags.noWatch,
 		ReadaheadKiB:   mountFlags.readaheadKiB,

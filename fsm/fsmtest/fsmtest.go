@@ -280,7 +280,37 @@ func Touch(inos ...uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Touch{Touch: &pb.TouchCmd{Inos: inos}}}
 }
 
+// Lock takes (or with pb.LockType_LOCK_UNLOCK releases) a POSIX record
+// lock of owner on bytes [start, end] of ino; wait queues it when held.
+func Lock(ino, owner uint64, typ pb.LockType, start, end uint64, wait bool) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Lock{Lock: &pb.LockCmd{
+		Ino: ino, Owner: owner, Type: typ, Start: start, End: end, Wait: wait, Pid: uint32(owner)}}}
+}
+
+// Flock is Lock for a flock(2) lock of the whole file.
+func Flock(ino, owner uint64, typ pb.LockType, wait bool) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Lock{Lock: &pb.LockCmd{
+		Ino: ino, Owner: owner, Type: typ, Flock: true, Wait: wait, Pid: uint32(owner)}}}
+}
+
+// CancelLock drops the session's waiter on ino if it still waits.
+func CancelLock(ino, waiter uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Lock{Lock: &pb.LockCmd{Ino: ino, Cancel: waiter}}}
+}
+
 // Queries.
+
+// GetLk asks, as F_GETLK does, which lock stands in the way of one of
+// owner of session on [start, end] of ino.
+func GetLk(ino, session, owner uint64, typ pb.LockType, start, end uint64) *pb.Query {
+	return &pb.Query{Q: &pb.Query_Lock{Lock: &pb.LockQuery{
+		Ino: ino, Session: session, Owner: owner, Type: typ, Start: start, End: end}}}
+}
+
+// Waiting asks whether a lock waiter of session still waits.
+func Waiting(ino, session, waiter uint64) *pb.Query {
+	return &pb.Query{Q: &pb.Query_Lock{Lock: &pb.LockQuery{Ino: ino, Session: session, Waiter: waiter}}}
+}
 
 func Stat(p string) *pb.Query  { return StatLoc(Path(p)) }
 func Lstat(p string) *pb.Query { return StatLoc(Lpath(p)) }

@@ -92,6 +92,8 @@ var (
 	_ fs.HandleWriter        = (*fileHandle)(nil)
 	_ fs.HandleFlusher       = (*fileHandle)(nil)
 	_ fs.HandleReleaser      = (*fileHandle)(nil)
+	_ fs.HandlePOSIXLocker   = (*fileHandle)(nil)
+	_ fs.HandleFlockLocker   = (*fileHandle)(nil)
 	_ fs.HandleReadDirAller  = (*dirHandle)(nil)
 )
 

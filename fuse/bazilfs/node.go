@@ -264,14 +264,58 @@ func (h *fileHandle) Write(ctx context.Context, req *fuse.WriteRequest, resp *fu
 	return nil
 }
 
-// Flush implements fs.HandleFlusher (each close of a descriptor).
-func (h *fileHandle) Flush(ctx context.Context, _ *fuse.FlushRequest) error {
-	return errOrNil(h.fs.ops.Flush(uninterrupted(ctx), h.ino, h.h))
+// Flush implements fs.HandleFlusher (each close of a descriptor), which
+// also ends the closing process's POSIX locks on the file.
+func (h *fileHandle) Flush(ctx context.Context, req *fuse.FlushRequest) error {
+	e := h.fs.ops.Flush(uninterrupted(ctx), h.ino, h.h)
+	if le := h.fs.ops.ReleaseLocks(uninterrupted(ctx), h.ino, uint64(req.LockOwner), false); e == 0 {
+		e = le
+	}
+	return errOrNil(e)
 }
 
-// Release implements fs.HandleReleaser (the last close).
-func (h *fileHandle) Release(ctx context.Context, _ *fuse.ReleaseRequest) error {
+// Release implements fs.HandleReleaser (the last close), which also ends
+// the open file's flock lock.
+func (h *fileHandle) Release(ctx context.Context, req *fuse.ReleaseRequest) error {
+	if req.ReleaseFlags&fuse.ReleaseFlockUnlock != 0 {
+		_ = h.fs.ops.ReleaseLocks(uninterrupted(ctx), h.ino, uint64(req.LockOwner), true)
+	}
 	return errOrNil(h.fs.ops.Release(uninterrupted(ctx), h.ino, h.h))
+}
+
+// lockOf converts bazil's description of a lock request.
+func lockOf(owner fuse.LockOwner, l fuse.FileLock, flags fuse.LockFlags) fsops.Lock {
+	return fsops.Lock{
+		Owner: uint64(owner), Type: uint32(l.Type), Start: l.Start, End: l.End,
+		Pid: uint32(l.PID), Flock: flags&fuse.LockFlock != 0,
+	}
+}
+
+// Lock implements fs.HandleLocker (F_SETLK, flock with LOCK_NB).
+func (h *fileHandle) Lock(ctx context.Context, req *fuse.LockRequest) error {
+	return errOrNil(h.fs.ops.SetLk(uninterrupted(ctx), h.ino, h.h, lockOf(req.LockOwner, req.Lock, req.LockFlags), false))
+}
+
+// LockWait implements fs.HandleLocker (F_SETLKW, flock). Unlike every
+// other operation it lets the kernel's interrupt cancel it: a process
+// waiting for a lock must be able to take a signal (EINTR).
+func (h *fileHandle) LockWait(ctx context.Context, req *fuse.LockWaitRequest) error {
+	return errOrNil(h.fs.ops.SetLk(ctx, h.ino, h.h, lockOf(req.LockOwner, req.Lock, req.LockFlags), true))
+}
+
+// Unlock implements fs.HandleLocker.
+func (h *fileHandle) Unlock(ctx context.Context, req *fuse.UnlockRequest) error {
+	return errOrNil(h.fs.ops.SetLk(uninterrupted(ctx), h.ino, h.h, lockOf(req.LockOwner, req.Lock, req.LockFlags), false))
+}
+
+// QueryLock implements fs.HandleLocker (F_GETLK).
+func (h *fileHandle) QueryLock(ctx context.Context, req *fuse.QueryLockRequest, resp *fuse.QueryLockResponse) error {
+	lk, e := h.fs.ops.GetLk(uninterrupted(ctx), h.ino, h.h, lockOf(req.LockOwner, req.Lock, req.LockFlags))
+	if e != 0 {
+		return e
+	}
+	resp.Lock = fuse.FileLock{Start: lk.Start, End: lk.End, Type: fuse.LockType(lk.Type), PID: int32(lk.Pid)}
+	return nil
 }
 
 // dirHandle is one open directory. bazil reads the whole listing when the

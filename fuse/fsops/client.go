@@ -87,6 +87,8 @@ type ClientOps struct {
 	jr     *client.Journal
 	excl   exclusiveTries
 	unsent atomic.Int64 // bytes acknowledged by write-behind, all handles, not yet committed
+
+	locks lockOwners // who took file locks through this mount (locks.go)
 }
 
 var _ Ops = (*ClientOps)(nil)
@@ -559,8 +561,9 @@ func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
 }
 
 // Release implements Ops: the last close of the handle.
-func (o *ClientOps) Release(ctx context.Context, _, handle uint64) (e syscall.Errno) {
+func (o *ClientOps) Release(ctx context.Context, ino, handle uint64) (e syscall.Errno) {
 	defer guard("release", &e)
+	o.releaseOFDLocks(ctx, ino, handle)
 	if f := o.file(handle); f != nil {
 		o.drain(f)
 		o.retire(f)

@@ -157,6 +157,16 @@ type Ops interface {
 	RemoveXattr(ctx context.Context, ino uint64, name string) syscall.Errno
 
 	Statfs(ctx context.Context) (StatfsOut, syscall.Errno)
+
+	// File locks held in the cluster (locks.go), for a binding that
+	// asked the kernel for them. GetLk is F_GETLK; SetLk takes, changes
+	// or releases a lock, and with wait (F_SETLKW, flock without
+	// LOCK_NB) waits for it until ctx is cancelled (EINTR); ReleaseLocks
+	// drops an owner's POSIX locks (at FLUSH) or flock locks (at RELEASE
+	// with the flock-unlock flag) on ino.
+	GetLk(ctx context.Context, ino, handle uint64, lk Lock) (Lock, syscall.Errno)
+	SetLk(ctx context.Context, ino, handle uint64, lk Lock, wait bool) syscall.Errno
+	ReleaseLocks(ctx context.Context, ino, owner uint64, flock bool) syscall.Errno
 }
 
 // Invalidator is what a binding offers so that changes made elsewhere in

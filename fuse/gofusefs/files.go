@@ -1,6 +1,7 @@
 package gofusefs
 
 import (
+	"context"
 	"sync"
 	"syscall"
 
@@ -54,9 +55,14 @@ func (f *FS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fu
 	return uint32(n), status(e)
 }
 
-// Flush implements fuse.RawFileSystem (each close of a descriptor).
+// Flush implements fuse.RawFileSystem (each close of a descriptor), which
+// also ends the closing process's POSIX locks on the file.
 func (f *FS) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	return status(f.ops.Flush(ctx(), in.NodeId, in.Fh))
+	e := f.ops.Flush(ctx(), in.NodeId, in.Fh)
+	if le := f.ops.ReleaseLocks(ctx(), in.NodeId, in.LockOwner, false); e == 0 {
+		e = le
+	}
+	return status(e)
 }
 
 // Fsync implements fuse.RawFileSystem.
@@ -64,9 +70,47 @@ func (f *FS) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return status(f.ops.Fsync(ctx(), in.NodeId))
 }
 
-// Release implements fuse.RawFileSystem (the last close).
+// Release implements fuse.RawFileSystem (the last close), which also ends
+// the open file's flock lock.
 func (f *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
+	if in.ReleaseFlags&fuse.FUSE_RELEASE_FLOCK_UNLOCK != 0 {
+		_ = f.ops.ReleaseLocks(ctx(), in.NodeId, in.LockOwner, true)
+	}
 	_ = f.ops.Release(ctx(), in.NodeId, in.Fh)
+}
+
+func lockOf(in *fuse.LkIn) fsops.Lock {
+	return fsops.Lock{
+		Owner: in.Owner, Type: in.Lk.Typ, Start: in.Lk.Start, End: in.Lk.End,
+		Pid: in.Lk.Pid, Flock: in.LkFlags&fuse.LK_FLOCK != 0,
+	}
+}
+
+// GetLk implements fuse.RawFileSystem (F_GETLK).
+func (f *FS) GetLk(_ <-chan struct{}, in *fuse.LkIn, out *fuse.LkOut) fuse.Status {
+	lk, e := f.ops.GetLk(ctx(), in.NodeId, in.Fh, lockOf(in))
+	out.Lk = fuse.FileLock{Start: lk.Start, End: lk.End, Typ: lk.Type, Pid: lk.Pid}
+	return status(e)
+}
+
+// SetLk implements fuse.RawFileSystem (F_SETLK, flock with LOCK_NB).
+func (f *FS) SetLk(_ <-chan struct{}, in *fuse.LkIn) fuse.Status {
+	return status(f.ops.SetLk(ctx(), in.NodeId, in.Fh, lockOf(in), false))
+}
+
+// SetLkw implements fuse.RawFileSystem (F_SETLKW, flock). The kernel's
+// interrupt (the waiting process got a signal) ends the wait with EINTR.
+func (f *FS) SetLkw(cancel <-chan struct{}, in *fuse.LkIn) fuse.Status {
+	c, stop := context.WithCancel(ctx())
+	defer stop()
+	go func() {
+		select {
+		case <-cancel:
+			stop()
+		case <-c.Done():
+		}
+	}()
+	return status(f.ops.SetLk(c, in.NodeId, in.Fh, lockOf(in), true))
 }
 
 // Fallocate implements fuse.RawFileSystem: not supported, as with bazil

@@ -59,9 +59,12 @@ type Config struct {
 	FSName         string
 	AllowOther     bool
 	WritebackCache bool
-	MaxReadahead   int
-	MaxBackground  int
-	Congestion     int
+	// LocalLocks leaves fcntl and flock locks to this host's kernel
+	// instead of the cluster (fsops/locks.go).
+	LocalLocks    bool
+	MaxReadahead  int
+	MaxBackground int
+	Congestion    int
 	// Debug logs every request and reply through the log package.
 	Debug bool
 }
@@ -124,6 +127,7 @@ func (f *FS) mountOptions() *fuse.MountOptions {
 		// (splice), which only pays off for data read from a descriptor,
 		// and fall back after two wasted system calls per read.
 		DisableSplice: true,
+		EnableLocks:   !f.cfg.LocalLocks,
 		Debug:         f.cfg.Debug,
 	}
 	if f.cfg.WritebackCache {

@@ -65,6 +65,7 @@ var Cases = map[string]Case{
 	"special_files":   specialFiles,
 	"rewinddir":       rewinddirCase,
 	"seekdir":         seekdirCase,
+	"locks":           locks,
 }
 
 func files(r *Rec) {
@@ -711,4 +712,55 @@ func boolStr(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// locks: flock and fcntl locks of one process. Its POSIX locks never
+// conflict with each other, but flock locks and open file description
+// locks belong to the open file, so two opens of one file conflict like
+// two processes.
+func locks(r *Rec) {
+	r.WriteFile("f", []byte("locked"), 0o644)
+	r.Open("a", "f", rdwr, 0)
+	r.Open("b", "f", rdwr, 0)
+	nb := syscall.LOCK_NB
+	r.Flock("a", syscall.LOCK_EX|nb)
+	r.Flock("b", syscall.LOCK_SH|nb)
+	r.Flock("a", syscall.LOCK_SH|nb) // downgrade
+	r.Flock("b", syscall.LOCK_SH|nb)
+	r.Flock("a", syscall.LOCK_EX|nb) // a failed upgrade loses the lock
+	r.Flock("b", syscall.LOCK_EX|nb)
+	r.Flock("b", syscall.LOCK_UN)
+	r.Flock("a", syscall.LOCK_EX|nb)
+	r.Flock("a", syscall.LOCK_UN)
+
+	// Open file description locks: ranges, conflicts, splits.
+	r.SetLk("a", OFDSetLk, syscall.F_WRLCK, 0, 10)
+	r.SetLk("b", OFDSetLk, syscall.F_RDLCK, 5, 1)
+	r.GetLk("b", OFDGetLk, syscall.F_RDLCK, 0, 0)
+	r.SetLk("b", OFDSetLk, syscall.F_WRLCK, 10, 0)
+	r.GetLk("a", OFDGetLk, syscall.F_RDLCK, 100, 1)
+	r.SetLk("a", OFDSetLk, syscall.F_UNLCK, 3, 2)
+	r.SetLk("b", OFDSetLk, syscall.F_RDLCK, 3, 2)
+	r.GetLk("b", OFDGetLk, syscall.F_WRLCK, 0, 5)
+	r.GetLk("b", OFDGetLk, syscall.F_WRLCK, 5, 5)
+	r.SetLk("a", OFDSetLk, syscall.F_UNLCK, 0, 0)
+	r.SetLk("b", OFDSetLk, syscall.F_UNLCK, 0, 0)
+	r.GetLk("a", OFDGetLk, syscall.F_WRLCK, 0, 0)
+
+	// The process's own record locks, seen by an open file description,
+	// and released by the close of any of its descriptors of the file.
+	r.SetLk("a", syscall.F_SETLK, syscall.F_WRLCK, 0, 4)
+	r.SetLk("b", syscall.F_SETLK, syscall.F_RDLCK, 2, 4) // same process: replaces
+	r.GetLk("a", syscall.F_GETLK, syscall.F_WRLCK, 0, 0)
+	r.Open("c", "f", rdwr, 0)
+	r.GetLk("c", OFDGetLk, syscall.F_WRLCK, 0, 0)
+	r.SetLk("c", OFDSetLk, syscall.F_RDLCK, 0, 1)
+	r.SetLk("c", OFDSetLk, syscall.F_WRLCK, 0, 1)
+	r.Close("b")
+	r.GetLk("c", OFDGetLk, syscall.F_WRLCK, 0, 0)
+	r.SetLk("c", OFDSetLk, syscall.F_WRLCK, 0, 0)
+	r.Close("a")
+	r.GetLk("c", OFDGetLk, syscall.F_WRLCK, 0, 0)
+	r.Close("c")
+	r.Unlink("f")
 }

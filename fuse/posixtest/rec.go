@@ -444,3 +444,60 @@ func (r *Rec) DotEntries(name string) {
 	}()
 	r.rec("dot entries "+name, res, err)
 }
+
+// Flock records flock(2) on fd; how is LOCK_SH, LOCK_EX or LOCK_UN,
+// with LOCK_NB.
+func (r *Rec) Flock(fd string, how int) {
+	name := map[int]string{syscall.LOCK_SH: "SH", syscall.LOCK_EX: "EX", syscall.LOCK_UN: "UN"}[how&^syscall.LOCK_NB]
+	if how&syscall.LOCK_NB != 0 {
+		name += "|NB"
+	}
+	r.rec(fmt.Sprintf("flock %s %s", fd, name), "", syscall.Flock(r.fd(fd), how))
+}
+
+// Fcntl lock commands (Linux values; the open file description ones are
+// not in package syscall).
+const (
+	OFDGetLk = 36 // F_OFD_GETLK
+	OFDSetLk = 37 // F_OFD_SETLK
+)
+
+func lockCmdName(cmd int) string {
+	return map[int]string{
+		syscall.F_GETLK: "GETLK", syscall.F_SETLK: "SETLK", syscall.F_SETLKW: "SETLKW",
+		OFDGetLk: "OFD_GETLK", OFDSetLk: "OFD_SETLK",
+	}[cmd]
+}
+
+func lockTypeName(typ int16) string {
+	return map[int16]string{syscall.F_RDLCK: "RD", syscall.F_WRLCK: "WR", syscall.F_UNLCK: "UN"}[typ]
+}
+
+// SetLk records fcntl(2) F_SETLK (or another setting cmd) of the bytes
+// [start, start+length) (length 0: to the end of any file) on fd.
+func (r *Rec) SetLk(fd string, cmd int, typ int16, start, length int64) {
+	lk := syscall.Flock_t{Type: typ, Whence: 0, Start: start, Len: length}
+	err := syscall.FcntlFlock(uintptr(r.fd(fd)), cmd, &lk)
+	r.rec(fmt.Sprintf("fcntl %s %s %s %d+%d", fd, lockCmdName(cmd), lockTypeName(typ), start, length), "", err)
+}
+
+// GetLk records what F_GETLK (or F_OFD_GETLK) reports on fd: the first
+// lock in the way, and whether this process holds it (its pid, or -1 for
+// an open file description's). Which of the two F_OFD_GETLK reports for
+// a record lock is the kernel's choice: through FUSE it marks every lock
+// it returns as an open file description's.
+func (r *Rec) GetLk(fd string, cmd int, typ int16, start, length int64) {
+	lk := syscall.Flock_t{Type: typ, Whence: 0, Start: start, Len: length}
+	err := syscall.FcntlFlock(uintptr(r.fd(fd)), cmd, &lk)
+	res := iff(err == nil, func() string {
+		if lk.Type == syscall.F_UNLCK {
+			return "free"
+		}
+		who := "other"
+		if lk.Pid == int32(os.Getpid()) || lk.Pid == -1 {
+			who = "self"
+		}
+		return fmt.Sprintf("%s %d+%d by %s", lockTypeName(lk.Type), lk.Start, lk.Len, who)
+	})
+	r.rec(fmt.Sprintf("fcntl %s %s %s %d+%d", fd, lockCmdName(cmd), lockTypeName(typ), start, length), res, err)
+}
