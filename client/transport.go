@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -92,8 +91,7 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 	if _, ok := unixPath(addr); ok {
 		authority = "localhost"
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(t.cfg.credentialOptions(),
 		grpc.WithAuthority(authority),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, addr) }),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -108,7 +106,7 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 		grpc.WithInitialWindowSize(4<<20),
 		grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("address %q: %w", addr, err)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
 // Log store names accepted in Config.LogStore.
@@ -96,6 +98,13 @@ type Config struct {
 
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning
+
+	// TLS, when set, serves the API and the Raft transport over TLS 1.3
+	// with its certificate, and dials other nodes with it: Raft accepts
+	// only node certificates of its CA, the API any certificate of its CA
+	// or none (a client then needs a token). Reloading the Source rotates
+	// the certificate on the next handshake. Nil serves plaintext.
+	TLS *tlsconf.Source
 
 	// PeerDialer, when set, makes the node's connections to other nodes'
 	// APIs (forwarding to the leader, status fan-out, block sync); plain
