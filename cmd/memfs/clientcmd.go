@@ -26,7 +26,7 @@ func newClient(cmd *cobra.Command, opts ...client.Option) (*client.Client, error
 	opts = append(append(sec,
 		client.WithRetryTimeout(timeoutFlag),
 		client.WithLogger(log),
-		client.WithName("memfs " + cmd.Name()),
+		client.WithName("memfs "+cmd.Name()),
 	), opts...)
 	c, err := client.New(cmd.Context(), addrs, opts...)
 	if err != nil {
