@@ -115,6 +115,10 @@ func opName(cmd *pb.Command) string {
 		return "batch"
 	case *pb.Command_Touch:
 		return "touch"
+	case *pb.Command_TokenCreate:
+		return "token create"
+	case *pb.Command_TokenRevoke:
+		return "token revoke"
 	}
 	return "command"
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -232,7 +233,7 @@ func (t *transport) call(ctx context.Context, o callOpts, fn attemptFunc) (int, 
 			return n, unavailable(n, ctx.Err(), err)
 		}
 		if !retryable(err) {
-			return n, err
+			return n, refusal(err)
 		}
 		last = err
 		hint := ""
@@ -288,6 +289,19 @@ func retryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// refusal gives a refused call the errno a file system answers with
+// (EACCES: the caller's role does not allow it; EPERM: the caller is not
+// authenticated), keeping the gRPC status for status.Code.
+func refusal(err error) error {
+	switch status.Code(err) {
+	case codes.PermissionDenied:
+		return fmt.Errorf("%w: %w", syscall.EACCES, err)
+	case codes.Unauthenticated:
+		return fmt.Errorf("%w: %w", syscall.EPERM, err)
+	}
+	return err
 }
 
 // jitter returns the pause before attempt n+1: exponential, capped, with

@@ -185,6 +185,10 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return &pb.Result{Session: sess.id}, nil
 	case *pb.Command_Tick:
 		return &pb.Result{}, nil
+	case *pb.Command_TokenCreate:
+		return t.tokenCreate(orEmpty(op.TokenCreate))
+	case *pb.Command_TokenRevoke:
+		return t.tokenRevoke(orEmpty(op.TokenRevoke))
 	}
 	return nil, errf(syscall.EINVAL, "unknown operation %T", c.Op)
 }

@@ -52,6 +52,8 @@ func (s *state) answer(q *pb.Query) (*pb.Result, error) {
 		return s.handleStatus(orEmpty(x.Handle))
 	case *pb.Query_Usage:
 		return s.usage(orEmpty(x.Usage))
+	case *pb.Query_Tokens:
+		return s.listTokens(), nil
 	}
 	return nil, errf(syscall.EINVAL, "query without a known question")
 }

@@ -188,7 +188,7 @@ func (rs *restorer) end(p []byte) error {
 }
 
 // order is the record kinds in the order they must come.
-const order = "HSFLCUIDB"
+const order = "HTSFLCUIDB"
 
 func isChunk(kind byte) bool { return kind == recBlock || kind == recRef || kind == recExtern }
 
@@ -222,6 +222,8 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 	switch kind {
 	case recHeader:
 		return rs.header(d, limit)
+	case recToken:
+		return rs.token(d)
 	case recSession:
 		return rs.session(d)
 	case recHandle:
@@ -264,6 +266,20 @@ func (rs *restorer) header(d *dec, limit uint64) error {
 	s.nextIno, s.nextHandle, s.nextSession, s.ninodes = nextIno, nextHandle, nextSession, ninodes
 	rs.s = s
 	return nil
+}
+
+func (rs *restorer) token(d *dec) error {
+	hash := d.bytes()
+	role := d.u()
+	k := &token{role: pb.Role(role), name: d.s(), created: d.i(), expires: d.i()}
+	if err := d.done(); err != nil {
+		return err
+	}
+	if len(hash) != len(k.hash) || role > uint64(pb.Role_ROLE_ADMIN) || !validTokenRole(k.role) || len(k.name) > maxTokenName {
+		return badSnap("token %x: role %d, name of %d bytes", hash, role, len(k.name))
+	}
+	copy(k.hash[:], hash)
+	return putNew(rs, &rs.s.tokens, k.hash[:], k)
 }
 
 func (rs *restorer) session(d *dec) error {

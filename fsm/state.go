@@ -236,6 +236,13 @@ func (b *tab[T]) delPrefix(k []byte) {
 	b.txn().DeletePrefix(k)
 }
 
+func (b *tab[T]) len() int {
+	if b.x != nil {
+		return b.x.CommitOnly().Len() // a snapshot of the transaction; it stays open
+	}
+	return b.t.Len()
+}
+
 func (b *tab[T]) root() *iradix.Node[T] {
 	if b.x != nil {
 		return b.x.Root()
@@ -274,6 +281,7 @@ type state struct {
 	locks    tab[*xlock]       // ino -> exclusive-open state
 	sessions tab[*session]     // session id -> session
 	caps     tab[*capab]       // ino + session id -> capability
+	tokens   tab[*token]       // SHA-256 of a bearer token -> token
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -282,7 +290,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		chunkSize: uint64(chunkSize), blocks: blocks,
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
-		caps: newTab[*capab](),
+		caps: newTab[*capab](), tokens: newTab[*token](),
 	}
 }
 
@@ -294,6 +302,7 @@ func (s *state) commit() {
 	s.locks.commit()
 	s.sessions.commit()
 	s.caps.commit()
+	s.tokens.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

@@ -102,6 +102,64 @@ func (SetAttrBit) EnumDescriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{0}
 }
 
+// Role is what a client may do (docs/security.md). Each includes the ones
+// below it: read (queries, reads, sessions, read-only opens), write (every
+// file operation), admin (membership, tokens), node (a cluster member).
+type Role int32
+
+const (
+	Role_ROLE_NONE  Role = 0
+	Role_ROLE_READ  Role = 1
+	Role_ROLE_WRITE Role = 2
+	Role_ROLE_ADMIN Role = 3
+	Role_ROLE_NODE  Role = 4
+)
+
+// Enum value maps for Role.
+var (
+	Role_name = map[int32]string{
+		0: "ROLE_NONE",
+		1: "ROLE_READ",
+		2: "ROLE_WRITE",
+		3: "ROLE_ADMIN",
+		4: "ROLE_NODE",
+	}
+	Role_value = map[string]int32{
+		"ROLE_NONE":  0,
+		"ROLE_READ":  1,
+		"ROLE_WRITE": 2,
+		"ROLE_ADMIN": 3,
+		"ROLE_NODE":  4,
+	}
+)
+
+func (x Role) Enum() *Role {
+	p := new(Role)
+	*p = x
+	return p
+}
+
+func (x Role) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Role) Descriptor() protoreflect.EnumDescriptor {
+	return file_memfs_proto_enumTypes[1].Descriptor()
+}
+
+func (Role) Type() protoreflect.EnumType {
+	return &file_memfs_proto_enumTypes[1]
+}
+
+func (x Role) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Role.Descriptor instead.
+func (Role) EnumDescriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{1}
+}
+
 type Consistency int32
 
 const (
@@ -132,11 +190,11 @@ func (x Consistency) String() string {
 }
 
 func (Consistency) Descriptor() protoreflect.EnumDescriptor {
-	return file_memfs_proto_enumTypes[1].Descriptor()
+	return file_memfs_proto_enumTypes[2].Descriptor()
 }
 
 func (Consistency) Type() protoreflect.EnumType {
-	return &file_memfs_proto_enumTypes[1]
+	return &file_memfs_proto_enumTypes[2]
 }
 
 func (x Consistency) Number() protoreflect.EnumNumber {
@@ -145,7 +203,7 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{1}
+	return file_memfs_proto_rawDescGZIP(), []int{2}
 }
 
 // Attr is what stat(2) reports. mode carries the file type bits (S_IFREG,
@@ -2065,6 +2123,201 @@ func (x *TouchCmd) GetInos() []uint64 {
 	return nil
 }
 
+// TokenCreateCmd stores a bearer token, by the SHA-256 of its text only:
+// the text is made and kept by whoever asked (memfs token create) and never
+// enters the log. The token lasts ttl_ms from the entry's time (0: until
+// revoked).
+type TokenCreateCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Hash          []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenCreateCmd) Reset() {
+	*x = TokenCreateCmd{}
+	mi := &file_memfs_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenCreateCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenCreateCmd) ProtoMessage() {}
+
+func (x *TokenCreateCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenCreateCmd.ProtoReflect.Descriptor instead.
+func (*TokenCreateCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TokenCreateCmd) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *TokenCreateCmd) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_NONE
+}
+
+func (x *TokenCreateCmd) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TokenCreateCmd) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+// TokenRevokeCmd removes the token whose id (TokenId: the first 8 bytes of
+// its hash in hex) is id. ENOENT when there is none.
+type TokenRevokeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenRevokeCmd) Reset() {
+	*x = TokenRevokeCmd{}
+	mi := &file_memfs_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenRevokeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenRevokeCmd) ProtoMessage() {}
+
+func (x *TokenRevokeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenRevokeCmd.ProtoReflect.Descriptor instead.
+func (*TokenRevokeCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TokenRevokeCmd) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// Token describes a stored token (never its hash).
+type Token struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedNs     int64                  `protobuf:"varint,4,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	ExpiresNs     int64                  `protobuf:"varint,5,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"` // 0: never
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_memfs_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Token) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Token) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_NONE
+}
+
+func (x *Token) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Token) GetCreatedNs() int64 {
+	if x != nil {
+		return x.CreatedNs
+	}
+	return 0
+}
+
+func (x *Token) GetExpiresNs() int64 {
+	if x != nil {
+		return x.ExpiresNs
+	}
+	return 0
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -2103,6 +2356,8 @@ type Command struct {
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
 	//	*Command_Tick
+	//	*Command_TokenCreate
+	//	*Command_TokenRevoke
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2110,7 +2365,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2377,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2390,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -2371,6 +2626,24 @@ func (x *Command) GetTick() *TickCmd {
 	return nil
 }
 
+func (x *Command) GetTokenCreate() *TokenCreateCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_TokenCreate); ok {
+			return x.TokenCreate
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTokenRevoke() *TokenRevokeCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_TokenRevoke); ok {
+			return x.TokenRevoke
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -2463,6 +2736,14 @@ type Command_Tick struct {
 	Tick *TickCmd `protobuf:"bytes,33,opt,name=tick,proto3,oneof"`
 }
 
+type Command_TokenCreate struct {
+	TokenCreate *TokenCreateCmd `protobuf:"bytes,34,opt,name=token_create,json=tokenCreate,proto3,oneof"`
+}
+
+type Command_TokenRevoke struct {
+	TokenRevoke *TokenRevokeCmd `protobuf:"bytes,35,opt,name=token_revoke,json=tokenRevoke,proto3,oneof"`
+}
+
 func (*Command_Open) isCommand_Op() {}
 
 func (*Command_Close) isCommand_Op() {}
@@ -2507,6 +2788,10 @@ func (*Command_CloseSession) isCommand_Op() {}
 
 func (*Command_Tick) isCommand_Op() {}
 
+func (*Command_TokenCreate) isCommand_Op() {}
+
+func (*Command_TokenRevoke) isCommand_Op() {}
+
 // Entry is the payload of one Raft log entry: the commands the leader
 // batched together, stamped with the leader's clock. Every time in the
 // state machine comes from time_ns.
@@ -2527,7 +2812,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +2824,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +2837,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2617,13 +2902,14 @@ type Result struct {
 	FirstIno      uint64    `protobuf:"varint,21,opt,name=first_ino,json=firstIno,proto3" json:"first_ino,omitempty"` // reserve_inodes: the first number reserved
 	Results       []*Result `protobuf:"bytes,22,rep,name=results,proto3" json:"results,omitempty"`                    // batch: one result per command
 	Failed        uint32    `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
+	Tokens        []*Token  `protobuf:"bytes,24,rep,name=tokens,proto3" json:"tokens,omitempty"`                      // tokens query
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2921,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2934,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -2812,6 +3098,13 @@ func (x *Result) GetFailed() uint32 {
 	return 0
 }
 
+func (x *Result) GetTokens() []*Token {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -2821,7 +3114,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3126,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3139,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -2868,7 +3161,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +3173,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +3186,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -2936,7 +3229,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3241,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3254,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -3001,7 +3294,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3306,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3319,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -3046,7 +3339,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3351,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3364,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -3097,7 +3390,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3402,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3415,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -3140,7 +3433,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3445,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3458,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -3182,7 +3475,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3487,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3500,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -3240,7 +3533,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3545,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3558,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -3273,6 +3566,43 @@ func (x *UsageQuery) GetLoc() *Loc {
 		return x.Loc
 	}
 	return nil
+}
+
+// TokensQuery lists the stored tokens.
+type TokensQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokensQuery) Reset() {
+	*x = TokensQuery{}
+	mi := &file_memfs_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokensQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokensQuery) ProtoMessage() {}
+
+func (x *TokensQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokensQuery.ProtoReflect.Descriptor instead.
+func (*TokensQuery) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 // TreeUsage is dedup accounting for a directory tree.
@@ -3288,7 +3618,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3630,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3643,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -3357,6 +3687,7 @@ type Query struct {
 	//	*Query_Statfs
 	//	*Query_Handle
 	//	*Query_Usage
+	//	*Query_Tokens
 	Q             isQuery_Q `protobuf_oneof:"q"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3364,7 +3695,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3376,7 +3707,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3389,7 +3720,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -3480,6 +3811,15 @@ func (x *Query) GetUsage() *UsageQuery {
 	return nil
 }
 
+func (x *Query) GetTokens() *TokensQuery {
+	if x != nil {
+		if x, ok := x.Q.(*Query_Tokens); ok {
+			return x.Tokens
+		}
+	}
+	return nil
+}
+
 type isQuery_Q interface {
 	isQuery_Q()
 }
@@ -3520,6 +3860,10 @@ type Query_Usage struct {
 	Usage *UsageQuery `protobuf:"bytes,9,opt,name=usage,proto3,oneof"`
 }
 
+type Query_Tokens struct {
+	Tokens *TokensQuery `protobuf:"bytes,10,opt,name=tokens,proto3,oneof"`
+}
+
 func (*Query_Stat) isQuery_Q() {}
 
 func (*Query_Read) isQuery_Q() {}
@@ -3538,6 +3882,8 @@ func (*Query_Handle) isQuery_Q() {}
 
 func (*Query_Usage) isQuery_Q() {}
 
+func (*Query_Tokens) isQuery_Q() {}
+
 // Every request carries the protocol version; a node refuses one it does not
 // speak with FAILED_PRECONDITION.
 type ApplyRequest struct {
@@ -3550,7 +3896,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3908,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3921,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -3602,7 +3948,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3960,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3973,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -3660,7 +4006,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4018,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4031,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -3726,7 +4072,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +4084,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +4097,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -3783,7 +4129,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +4141,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +4154,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -3842,7 +4188,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3854,7 +4200,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3867,7 +4213,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -3931,7 +4277,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4289,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4302,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -4165,7 +4511,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4523,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4536,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -4228,7 +4574,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4586,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4599,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4360,7 +4706,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4372,7 +4718,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4385,7 +4731,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -4431,7 +4777,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4443,7 +4789,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4456,7 +4802,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 type RemoveNodeRequest struct {
@@ -4469,7 +4815,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4827,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4840,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -4519,7 +4865,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4531,7 +4877,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4544,7 +4890,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -4559,7 +4905,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4571,7 +4917,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4584,7 +4930,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -4611,7 +4957,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +4969,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +4982,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -4656,7 +5002,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +5014,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +5027,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -4714,7 +5060,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +5072,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +5085,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -4786,7 +5132,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4798,7 +5144,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4811,7 +5157,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -4837,7 +5183,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +5195,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +5208,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -4908,7 +5254,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4920,7 +5266,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4933,7 +5279,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -5115,7 +5461,23 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06fences\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x06fences\x12-\n" +
 	"\bcommands\x18\x02 \x03(\v2\x11.memfs.v1.CommandR\bcommands\"\x1e\n" +
 	"\bTouchCmd\x12\x12\n" +
-	"\x04inos\x18\x01 \x03(\x04R\x04inos\"\xac\t\n" +
+	"\x04inos\x18\x01 \x03(\x04R\x04inos\"s\n" +
+	"\x0eTokenCreateCmd\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\fR\x04hash\x12\"\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x15\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\" \n" +
+	"\x0eTokenRevokeCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x01\n" +
+	"\x05Token\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x1d\n" +
+	"\n" +
+	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\"\xaa\n" +
+	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -5144,13 +5506,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
 	"\rclose_session\x18  \x01(\v2\x19.memfs.v1.CloseSessionCmdH\x00R\fcloseSession\x12'\n" +
-	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tickB\x04\n" +
+	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tick\x12=\n" +
+	"\ftoken_create\x18\" \x01(\v2\x18.memfs.v1.TokenCreateCmdH\x00R\vtokenCreate\x12=\n" +
+	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevokeB\x04\n" +
 	"\x02op\"\x8c\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xff\x04\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xa8\x05\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -5175,7 +5539,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06recall\x18\x13 \x01(\bR\x06recall\x12\x1b\n" +
 	"\tfirst_ino\x18\x15 \x01(\x04R\bfirstIno\x12*\n" +
 	"\aresults\x18\x16 \x03(\v2\x10.memfs.v1.ResultR\aresults\x12\x16\n" +
-	"\x06failed\x18\x17 \x01(\rR\x06failed\",\n" +
+	"\x06failed\x18\x17 \x01(\rR\x06failed\x12'\n" +
+	"\x06tokens\x18\x18 \x03(\v2\x0f.memfs.v1.TokenR\x06tokens\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -5202,12 +5567,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"-\n" +
 	"\n" +
 	"UsageQuery\x12\x1f\n" +
-	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"\x90\x01\n" +
+	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"\r\n" +
+	"\vTokensQuery\"\x90\x01\n" +
 	"\tTreeUsage\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xd1\x03\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\x82\x04\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -5218,7 +5584,9 @@ const file_memfs_proto_rawDesc = "" +
 	"list_xattr\x18\x06 \x01(\v2\x18.memfs.v1.ListXattrQueryH\x00R\tlistXattr\x12/\n" +
 	"\x06statfs\x18\a \x01(\v2\x15.memfs.v1.StatfsQueryH\x00R\x06statfs\x12/\n" +
 	"\x06handle\x18\b \x01(\v2\x15.memfs.v1.HandleQueryH\x00R\x06handle\x12,\n" +
-	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usageB\x03\n" +
+	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usage\x12/\n" +
+	"\x06tokens\x18\n" +
+	" \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokensB\x03\n" +
 	"\x01q\"U\n" +
 	"\fApplyRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12+\n" +
@@ -5345,7 +5713,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\tSET_MTIME\x10 \x12\x11\n" +
 	"\rSET_ATIME_NOW\x10@\x12\x12\n" +
 	"\rSET_MTIME_NOW\x10\x80\x01\x12\x13\n" +
-	"\x0eSET_ATIME_READ\x10\x80\x02**\n" +
+	"\x0eSET_ATIME_READ\x10\x80\x02*S\n" +
+	"\x04Role\x12\r\n" +
+	"\tROLE_NONE\x10\x00\x12\r\n" +
+	"\tROLE_READ\x10\x01\x12\x0e\n" +
+	"\n" +
+	"ROLE_WRITE\x10\x02\x12\x0e\n" +
+	"\n" +
+	"ROLE_ADMIN\x10\x03\x12\r\n" +
+	"\tROLE_NODE\x10\x04**\n" +
 	"\vConsistency\x12\x10\n" +
 	"\fLINEARIZABLE\x10\x00\x12\t\n" +
 	"\x05STALE\x10\x012\xf9\x04\n" +
@@ -5374,173 +5750,184 @@ func file_memfs_proto_rawDescGZIP() []byte {
 	return file_memfs_proto_rawDescData
 }
 
-var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
-	(Consistency)(0),              // 1: memfs.v1.Consistency
-	(*Attr)(nil),                  // 2: memfs.v1.Attr
-	(*Loc)(nil),                   // 3: memfs.v1.Loc
-	(*Dirent)(nil),                // 4: memfs.v1.Dirent
-	(*Statfs)(nil),                // 5: memfs.v1.Statfs
-	(*OpenCmd)(nil),               // 6: memfs.v1.OpenCmd
-	(*CloseCmd)(nil),              // 7: memfs.v1.CloseCmd
-	(*WriteCmd)(nil),              // 8: memfs.v1.WriteCmd
-	(*MkdirCmd)(nil),              // 9: memfs.v1.MkdirCmd
-	(*RemoveCmd)(nil),             // 10: memfs.v1.RemoveCmd
-	(*RenameCmd)(nil),             // 11: memfs.v1.RenameCmd
-	(*SetAttrCmd)(nil),            // 12: memfs.v1.SetAttrCmd
-	(*MknodCmd)(nil),              // 13: memfs.v1.MknodCmd
-	(*SymlinkCmd)(nil),            // 14: memfs.v1.SymlinkCmd
-	(*LinkCmd)(nil),               // 15: memfs.v1.LinkCmd
-	(*SetXattrCmd)(nil),           // 16: memfs.v1.SetXattrCmd
-	(*RemoveXattrCmd)(nil),        // 17: memfs.v1.RemoveXattrCmd
-	(*CloneCmd)(nil),              // 18: memfs.v1.CloneCmd
-	(*OpenSessionCmd)(nil),        // 19: memfs.v1.OpenSessionCmd
-	(*KeepAliveCmd)(nil),          // 20: memfs.v1.KeepAliveCmd
-	(*CloseSessionCmd)(nil),       // 21: memfs.v1.CloseSessionCmd
-	(*TickCmd)(nil),               // 22: memfs.v1.TickCmd
-	(*GrantCmd)(nil),              // 23: memfs.v1.GrantCmd
-	(*CapRef)(nil),                // 24: memfs.v1.CapRef
-	(*ReleaseCmd)(nil),            // 25: memfs.v1.ReleaseCmd
-	(*ReserveInodesCmd)(nil),      // 26: memfs.v1.ReserveInodesCmd
-	(*BatchCmd)(nil),              // 27: memfs.v1.BatchCmd
-	(*TouchCmd)(nil),              // 28: memfs.v1.TouchCmd
-	(*Command)(nil),               // 29: memfs.v1.Command
-	(*Entry)(nil),                 // 30: memfs.v1.Entry
-	(*Result)(nil),                // 31: memfs.v1.Result
-	(*StatQuery)(nil),             // 32: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 33: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 34: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 35: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 36: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 37: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 38: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 39: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 40: memfs.v1.UsageQuery
-	(*TreeUsage)(nil),             // 41: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 42: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 43: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 44: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 45: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 46: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 47: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 48: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 49: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 50: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 51: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 52: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 53: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 54: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 55: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 56: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 57: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 58: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 59: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 60: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 61: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 62: memfs.v1.Recall
+	(Role)(0),                     // 1: memfs.v1.Role
+	(Consistency)(0),              // 2: memfs.v1.Consistency
+	(*Attr)(nil),                  // 3: memfs.v1.Attr
+	(*Loc)(nil),                   // 4: memfs.v1.Loc
+	(*Dirent)(nil),                // 5: memfs.v1.Dirent
+	(*Statfs)(nil),                // 6: memfs.v1.Statfs
+	(*OpenCmd)(nil),               // 7: memfs.v1.OpenCmd
+	(*CloseCmd)(nil),              // 8: memfs.v1.CloseCmd
+	(*WriteCmd)(nil),              // 9: memfs.v1.WriteCmd
+	(*MkdirCmd)(nil),              // 10: memfs.v1.MkdirCmd
+	(*RemoveCmd)(nil),             // 11: memfs.v1.RemoveCmd
+	(*RenameCmd)(nil),             // 12: memfs.v1.RenameCmd
+	(*SetAttrCmd)(nil),            // 13: memfs.v1.SetAttrCmd
+	(*MknodCmd)(nil),              // 14: memfs.v1.MknodCmd
+	(*SymlinkCmd)(nil),            // 15: memfs.v1.SymlinkCmd
+	(*LinkCmd)(nil),               // 16: memfs.v1.LinkCmd
+	(*SetXattrCmd)(nil),           // 17: memfs.v1.SetXattrCmd
+	(*RemoveXattrCmd)(nil),        // 18: memfs.v1.RemoveXattrCmd
+	(*CloneCmd)(nil),              // 19: memfs.v1.CloneCmd
+	(*OpenSessionCmd)(nil),        // 20: memfs.v1.OpenSessionCmd
+	(*KeepAliveCmd)(nil),          // 21: memfs.v1.KeepAliveCmd
+	(*CloseSessionCmd)(nil),       // 22: memfs.v1.CloseSessionCmd
+	(*TickCmd)(nil),               // 23: memfs.v1.TickCmd
+	(*GrantCmd)(nil),              // 24: memfs.v1.GrantCmd
+	(*CapRef)(nil),                // 25: memfs.v1.CapRef
+	(*ReleaseCmd)(nil),            // 26: memfs.v1.ReleaseCmd
+	(*ReserveInodesCmd)(nil),      // 27: memfs.v1.ReserveInodesCmd
+	(*BatchCmd)(nil),              // 28: memfs.v1.BatchCmd
+	(*TouchCmd)(nil),              // 29: memfs.v1.TouchCmd
+	(*TokenCreateCmd)(nil),        // 30: memfs.v1.TokenCreateCmd
+	(*TokenRevokeCmd)(nil),        // 31: memfs.v1.TokenRevokeCmd
+	(*Token)(nil),                 // 32: memfs.v1.Token
+	(*Command)(nil),               // 33: memfs.v1.Command
+	(*Entry)(nil),                 // 34: memfs.v1.Entry
+	(*Result)(nil),                // 35: memfs.v1.Result
+	(*StatQuery)(nil),             // 36: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 37: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 38: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 39: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 40: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 41: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 42: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 43: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 44: memfs.v1.UsageQuery
+	(*TokensQuery)(nil),           // 45: memfs.v1.TokensQuery
+	(*TreeUsage)(nil),             // 46: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 47: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 48: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 49: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 50: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 51: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 52: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 53: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 54: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 55: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 56: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 57: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 58: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 59: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 60: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 61: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 62: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 63: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 64: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 65: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 66: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 67: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
-	2,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
-	3,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
-	3,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	3,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	3,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	3,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	3,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	24, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	24, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
-	29, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
-	6,  // 19: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	7,  // 20: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	8,  // 21: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	9,  // 22: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	10, // 23: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	11, // 24: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	12, // 25: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	14, // 26: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	15, // 27: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	16, // 28: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	17, // 29: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	18, // 30: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	23, // 31: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	25, // 32: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	13, // 33: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	26, // 34: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	27, // 35: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	28, // 36: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	19, // 37: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	20, // 38: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	21, // 39: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	22, // 40: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	29, // 41: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	2,  // 42: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	4,  // 43: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	5,  // 44: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	41, // 45: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	31, // 46: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	3,  // 47: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 48: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 49: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 50: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 51: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 52: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	3,  // 53: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	32, // 54: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	33, // 55: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	34, // 56: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	35, // 57: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	36, // 58: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	37, // 59: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	38, // 60: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	39, // 61: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	40, // 62: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	29, // 63: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	31, // 64: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	42, // 65: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	1,  // 66: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	31, // 67: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	29, // 68: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	31, // 69: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	49, // 70: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	49, // 71: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	4,  // 72: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	62, // 73: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	43, // 74: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	45, // 75: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	47, // 76: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	45, // 77: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	50, // 78: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	52, // 79: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	54, // 80: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	56, // 81: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	58, // 82: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	60, // 83: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	44, // 84: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	46, // 85: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	44, // 86: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	48, // 87: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	51, // 88: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	53, // 89: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	55, // 90: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	57, // 91: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	59, // 92: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	61, // 93: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	84, // [84:94] is the sub-list for method output_type
-	74, // [74:84] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	3,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
+	4,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
+	4,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
+	4,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	4,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	4,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	4,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	4,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	25, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	25, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
+	33, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
+	1,  // 19: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
+	1,  // 20: memfs.v1.Token.role:type_name -> memfs.v1.Role
+	7,  // 21: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	8,  // 22: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	9,  // 23: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	10, // 24: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	11, // 25: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	12, // 26: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	13, // 27: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	15, // 28: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	16, // 29: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	17, // 30: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	18, // 31: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	19, // 32: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	24, // 33: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	26, // 34: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	14, // 35: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	27, // 36: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	28, // 37: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	29, // 38: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	20, // 39: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	21, // 40: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	22, // 41: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	23, // 42: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	30, // 43: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
+	31, // 44: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
+	33, // 45: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	3,  // 46: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	5,  // 47: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	6,  // 48: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	46, // 49: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	35, // 50: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	32, // 51: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
+	4,  // 52: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 53: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 54: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 55: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 56: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 57: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	4,  // 58: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	36, // 59: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	37, // 60: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	38, // 61: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	39, // 62: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	40, // 63: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	41, // 64: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	42, // 65: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	43, // 66: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	44, // 67: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	45, // 68: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	33, // 69: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	35, // 70: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	47, // 71: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	2,  // 72: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	35, // 73: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	33, // 74: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	35, // 75: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	54, // 76: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	54, // 77: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	5,  // 78: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	67, // 79: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	48, // 80: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	50, // 81: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	52, // 82: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	50, // 83: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	55, // 84: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	57, // 85: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	59, // 86: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	61, // 87: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	63, // 88: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	65, // 89: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	49, // 90: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	51, // 91: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	49, // 92: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	53, // 93: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	56, // 94: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	58, // 95: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	60, // 96: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	62, // 97: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	64, // 98: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	66, // 99: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	90, // [90:100] is the sub-list for method output_type
+	80, // [80:90] is the sub-list for method input_type
+	80, // [80:80] is the sub-list for extension type_name
+	80, // [80:80] is the sub-list for extension extendee
+	0,  // [0:80] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -5549,7 +5936,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[27].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[30].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -5572,8 +5959,10 @@ func file_memfs_proto_init() {
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
+		(*Command_TokenCreate)(nil),
+		(*Command_TokenRevoke)(nil),
 	}
-	file_memfs_proto_msgTypes[40].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[44].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -5583,14 +5972,15 @@ func file_memfs_proto_init() {
 		(*Query_Statfs)(nil),
 		(*Query_Handle)(nil),
 		(*Query_Usage)(nil),
+		(*Query_Tokens)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   61,
+			NumEnums:      3,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

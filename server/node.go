@@ -272,8 +272,8 @@ func (n *Node) serve() {
 		// Watch streams of vanished ones end.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.ChainUnaryInterceptor(n.recoverUnary),
-		grpc.ChainStreamInterceptor(n.recoverStream),
+		grpc.ChainUnaryInterceptor(n.recoverUnary, n.authUnary),
+		grpc.ChainStreamInterceptor(n.recoverStream, n.authStream),
 	}
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS.ServerConfig())))

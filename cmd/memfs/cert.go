@@ -14,7 +14,7 @@ import (
 
 var certFlags struct {
 	dir, keyType, role string
-	hosts              []string
+	hosts, nodes       []string
 	ttl                time.Duration
 }
 
@@ -27,6 +27,12 @@ ca.crt and ca.key (the CA), NAME.crt and NAME.key (each certificate).
   memfs cert ca     --dir certs
   memfs cert node   node1 --dir certs --host 10.0.0.1,node1.example,localhost
   memfs cert client alice --dir certs --role write
+  memfs cert init   --dir certs --nodes node1,node2,node3 --host 10.0.0.1,10.0.0.2,10.0.0.3
+
+init makes whatever of a whole cluster's set is missing (the CA, a node
+certificate per --nodes name, each valid for every --host, and an "admin"
+client certificate) and keeps what exists, so it can run at every start
+(the compose cluster's init service does).
 
 A certificate's role is its subject's organizational unit: node (a cluster
 member), admin, write or read (clients). Certificates from your own CA work
@@ -73,7 +79,22 @@ func init() {
 		},
 	}
 	clientCmd.Flags().StringVar(&certFlags.role, "role", pki.RoleRead, "role: read, write or admin")
-	certCmd.AddCommand(caCmd, nodeCmd, clientCmd)
+	initCmd := &cobra.Command{
+		Use: "init", Short: "Make the missing certificates of a whole cluster (CA, nodes, admin)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(certFlags.nodes) == 0 || len(certFlags.hosts) == 0 {
+				return usageError{errors.New("--nodes and --host are required")}
+			}
+			if err := pki.ClusterSetup(certFlags.dir, certFlags.nodes, certFlags.hosts); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "certificates of %v and admin are in %s\n", certFlags.nodes, certFlags.dir)
+			return nil
+		},
+	}
+	initCmd.Flags().StringSliceVar(&certFlags.nodes, "nodes", nil, "node ids (comma-separated)")
+	initCmd.Flags().StringSliceVar(&certFlags.hosts, "host", nil, "IP addresses and DNS names of all nodes (comma-separated)")
+	certCmd.AddCommand(caCmd, nodeCmd, clientCmd, initCmd)
 	rootCmd.AddCommand(certCmd)
 }
 

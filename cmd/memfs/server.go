@@ -188,7 +188,7 @@ func serverTLS(log *slog.Logger) (*tlsconf.Source, error) {
 	}
 	if serverFlags.insecure {
 		if files.CA != "" {
-			return nil, usageError{errors.New("--insecure and --ca exclude each other")}
+			log.Warn("--insecure: ignoring --ca, --cert and --key (or MEMFS_CA, MEMFS_CERT, MEMFS_KEY)")
 		}
 		log.Warn("INSECURE: the API and Raft are served in plaintext and anyone who reaches the ports can read, change or delete every file and change the membership; run with --ca, --cert and --key (docs/security.md)")
 		return nil, nil

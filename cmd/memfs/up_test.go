@@ -247,6 +247,27 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	require.NoError(t, os.WriteFile(local, []byte("hello, memfs\n"), 0o644))
 	runOK(t, bin, append(p.sec, "--cluster", p.cluster, "put", local, "/hello.txt")...)
 	require.Equal(t, "hello, memfs\n", runOK(t, bin, append(p.sec, "--cluster", p.cluster, "cat", "/hello.txt")...))
+	// A token made by the admin works in place of a certificate, with its
+	// role, until it is revoked.
+	tokFile := filepath.Join(t.TempDir(), "reader.token")
+	out = []byte(runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "create", "--role", "read", "--name", "test", "--out", tokFile)...))
+	require.Contains(t, string(out), "written to "+tokFile)
+	id := strings.Fields(string(out))[1]
+	withToken := []string{"--ca", p.sec[1], "--token-file", tokFile, "--cluster", p.cluster, "--timeout", "10s"}
+	require.Eventually(t, func() bool {
+		out, err := exec.Command(bin, append(withToken, "cat", "/hello.txt")...).Output()
+		return err == nil && string(out) == "hello, memfs\n"
+	}, 30*time.Second, 100*time.Millisecond)
+	out, err = exec.Command(bin, append(withToken, "put", local, "/by-reader.txt")...).CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "needs role write")
+	require.Contains(t, runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "list")...), id)
+	require.Contains(t, runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "revoke", id)...), "revoked token "+id)
+	require.Eventually(t, func() bool {
+		out, err := exec.Command(bin, append(withToken, "cat", "/hello.txt")...).CombinedOutput()
+		return err != nil && strings.Contains(string(out), "unknown or revoked token")
+	}, 30*time.Second, 100*time.Millisecond)
+
 	// Status reports the answering node's state, which may lag a moment.
 	require.Eventually(t, func() bool { return *waitStatus(t, bin, p).LogicalBytes == 13 },
 		30*time.Second, 100*time.Millisecond)

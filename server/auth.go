@@ -1,0 +1,100 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/memoryfs/memfs/proto"
+	"github.com/memoryfs/memfs/server/authz"
+)
+
+// tokenMetadataKey carries "Bearer TOKEN" (client.TokenMetadataKey).
+const tokenMetadataKey = "authorization"
+
+// caller is who sent a request, as far as the node can tell.
+type caller struct {
+	name string // certificate common name, or "token ID"
+	role pb.Role
+}
+
+// identify finds the caller's role: a verified client certificate of the
+// cluster's CA, else a bearer token stored in the replicated state and not
+// expired (against this node's clock). A follower judges tokens by its own
+// applied state, so a token works there, and stops working after a revoke,
+// once the follower has applied the entry.
+func (n *Node) identify(ctx context.Context) (caller, error) {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			leaf := ti.State.VerifiedChains[0][0]
+			return caller{name: leaf.Subject.CommonName, role: authz.CertRole(leaf)}, nil
+		}
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(tokenMetadataKey)
+	if len(vals) == 0 {
+		return caller{}, status.Error(codes.Unauthenticated, "no client certificate or token: give --cert/--key or --token-file (docs/security.md)")
+	}
+	text, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || text == "" {
+		return caller{}, status.Error(codes.Unauthenticated, "authorization is not a bearer token")
+	}
+	tok := n.fsm.Token(authz.TokenHash(text))
+	if tok == nil {
+		return caller{}, status.Error(codes.Unauthenticated, "unknown or revoked token")
+	}
+	if tok.ExpiresNs != 0 && time.Now().UnixNano() >= tok.ExpiresNs {
+		return caller{}, status.Errorf(codes.Unauthenticated, "token %s expired at %s", tok.Id,
+			time.Unix(0, tok.ExpiresNs).UTC().Format(time.RFC3339))
+	}
+	return caller{name: "token " + tok.Id, role: tok.Role}, nil
+}
+
+// authorize refuses a request whose caller lacks the role its method (and
+// command or query) needs, before any work. A node without TLS (--insecure)
+// authorizes everything: it cannot tell callers apart.
+func (n *Node) authorize(ctx context.Context, method string, req any) error {
+	if n.cfg.TLS == nil {
+		return nil
+	}
+	need := authz.Method(method)
+	switch r := req.(type) {
+	case *pb.ApplyRequest:
+		need = max(need, authz.Command(r.GetCommand()))
+	case *pb.QueryRequest:
+		need = max(need, authz.Query(r.GetQuery()))
+	}
+	c, err := n.identify(ctx)
+	if err != nil {
+		return err
+	}
+	if c.role < need {
+		return status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: it needs role %s",
+			c.name, authz.RoleName(c.role), method[strings.LastIndexByte(method, '/')+1:], authz.RoleName(need))
+	}
+	return nil
+}
+
+func (n *Node) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := n.authorize(ctx, info.FullMethod, req); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+// authStream judges a stream by its method alone: a Write stream's
+// command is a write (service.Write refuses any other), and the other
+// streams carry no command.
+func (n *Node) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := n.authorize(ss.Context(), info.FullMethod, nil); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
