@@ -62,6 +62,7 @@ type Node struct {
 // returns once a member has admitted it, retrying until ctx ends.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	cfg.Raft = cfg.Raft.withDefaults()
+	cfg.Limits = cfg.Limits.withDefaults()
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
@@ -183,7 +184,7 @@ func (n *Node) listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on api address: %w", err)
 	}
-	n.apiLis = lis
+	n.apiLis = newLimitListener(lis, n.cfg.Limits.MaxConns, n.cfg.Limits.MaxConnsPerHost)
 	n.apiAddr = lis.Addr().String()
 	if n.cfg.APIAdvertise != "" {
 		n.apiAddr = n.cfg.APIAdvertise
@@ -221,9 +222,10 @@ func (n *Node) openTransport() error {
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
 	}
+	counting.lis = newLimitListener(counting.lis, n.cfg.Limits.MaxRaftConns, n.cfg.Limits.MaxRaftConnsPerHost)
 	var stream raft.StreamLayer = counting
 	if n.cfg.TLS != nil {
-		stream = newTLSStream(counting, n.cfg.TLS, n.log)
+		stream = newTLSStream(counting, n.cfg.TLS, n.cfg.Limits.HandshakeTimeout, n.log)
 	}
 	t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:          stream,
@@ -272,6 +274,8 @@ func (n *Node) serve() {
 		// Watch streams of vanished ones end.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.MaxConcurrentStreams(n.cfg.Limits.MaxStreams),
+		grpc.ConnectionTimeout(n.cfg.Limits.HandshakeTimeout),
 		grpc.ChainUnaryInterceptor(n.recoverUnary, n.authUnary),
 		grpc.ChainStreamInterceptor(n.recoverStream, n.authStream),
 	}

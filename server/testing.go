@@ -342,6 +342,18 @@ func (c *Cluster) NodeTLS(id string) *tlsconf.Source {
 	return src
 }
 
+// ClientTLS loads the certificate name of CertDir ("admin" is always
+// there) for a client, reloading it when the files change.
+func (c *Cluster) ClientTLS(name string) *tlsconf.Source {
+	c.t.Helper()
+	src, err := tlsconf.Load(c.CertFiles(name), testLogger())
+	if err != nil {
+		c.t.Fatalf("load certificate %s: %v", name, err)
+	}
+	go src.Watch(c.tlsCtx, 100*time.Millisecond)
+	return src
+}
+
 // CertFiles names the CA and the certificate name in CertDir.
 func (c *Cluster) CertFiles(name string) tlsconf.Files {
 	return tlsconf.Files{CA: filepath.Join(c.certDir, pki.CAFile),
@@ -359,11 +371,7 @@ func (c *Cluster) Client(addr string) pb.MemFSClient {
 		var err error
 		creds := insecure.NewCredentials()
 		if c.certDir != "" {
-			src, err := tlsconf.Load(c.CertFiles("admin"), testLogger())
-			if err != nil {
-				c.t.Fatalf("load admin certificate: %v", err)
-			}
-			creds = credentials.NewTLS(src.ClientConfig())
+			creds = credentials.NewTLS(c.ClientTLS("admin").ClientConfig())
 		}
 		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))

@@ -28,11 +28,7 @@ import (
 // cluster's directory; its source follows file changes.
 func tlsClient(t *testing.T, c *server.Cluster, name string) (*client.Client, *tlsconf.Source) {
 	t.Helper()
-	src, err := tlsconf.Load(c.CertFiles(name), nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go src.Watch(ctx, 100*time.Millisecond)
+	src := c.ClientTLS(name)
 	cl, err := client.New(context.Background(), c.APIAddrs(), client.WithTLS(src.ClientConfig()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cl.Close() })

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -13,23 +14,19 @@ import (
 	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
-// tlsHandshakeTimeout bounds a TLS handshake on the Raft port, so a peer
-// that connects and sends nothing (or dribbles) holds a goroutine for no
-// longer than this.
-const tlsHandshakeTimeout = 10 * time.Second
-
 // tlsStream is the Raft transport's stream layer over TLS 1.3: it accepts
 // only node certificates of the cluster's CA and presents the node's own,
 // both read from src at each handshake (so a reload rotates them).
 type tlsStream struct {
-	inner  raft.StreamLayer
-	server *tls.Config
-	client *tls.Config
-	log    *slog.Logger
+	inner   raft.StreamLayer
+	server  *tls.Config
+	client  *tls.Config
+	timeout time.Duration // of a server side handshake (Limits.HandshakeTimeout)
+	log     *slog.Logger
 }
 
-func newTLSStream(inner raft.StreamLayer, src *tlsconf.Source, log *slog.Logger) *tlsStream {
-	return &tlsStream{inner: inner, server: src.PeerServerConfig(), client: src.PeerClientConfig(), log: log}
+func newTLSStream(inner raft.StreamLayer, src *tlsconf.Source, timeout time.Duration, log *slog.Logger) *tlsStream {
+	return &tlsStream{inner: inner, server: src.PeerServerConfig(), client: src.PeerClientConfig(), timeout: timeout, log: log}
 }
 
 // Accept returns connections whose handshake runs on their first read or
@@ -40,7 +37,7 @@ func (s *tlsStream) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &handshakeConn{Conn: tls.Server(c, s.server), log: s.log}, nil
+	return &handshakeConn{Conn: tls.Server(c, s.server), timeout: s.timeout, log: s.log}, nil
 }
 
 func (s *tlsStream) Close() error   { return s.inner.Close() }
@@ -66,17 +63,19 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 // before the first read or write.
 type handshakeConn struct {
 	*tls.Conn
-	log  *slog.Logger
-	once sync.Once
-	err  error
+	timeout time.Duration
+	log     *slog.Logger
+	once    sync.Once
+	err     error
 }
 
 func (c *handshakeConn) handshake() error {
 	c.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), tlsHandshakeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		defer cancel()
 		if c.err = c.Conn.HandshakeContext(ctx); c.err != nil {
-			c.log.Warn("raft connection refused", "remote", c.RemoteAddr().String(), "err", c.err)
+			// Debug: anyone who reaches the port can cause this line.
+			c.log.Debug("raft connection refused", "remote", c.RemoteAddr().String(), "err", c.err)
 			_ = c.Conn.Close()
 		}
 	})
@@ -85,7 +84,9 @@ func (c *handshakeConn) handshake() error {
 
 func (c *handshakeConn) Read(p []byte) (int, error) {
 	if err := c.handshake(); err != nil {
-		return 0, err
+		// EOF: raft logs anything else as an error, and whoever reaches
+		// the port could fill the log with them.
+		return 0, io.EOF
 	}
 	return c.Conn.Read(p)
 }

@@ -36,6 +36,7 @@ var serverFlags struct {
 	tuning                                                         server.RaftTuning
 	readLease, insecure                                            bool
 	tlsPoll                                                        time.Duration
+	limits                                                         server.Limits
 }
 
 var serverCmd = &cobra.Command{
@@ -79,6 +80,13 @@ func init() {
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
+	dl, l := server.DefaultLimits(), &sf.limits
+	f.IntVar(&l.MaxConns, "max-conns", dl.MaxConns, "open API connections; more are closed at once")
+	f.IntVar(&l.MaxConnsPerHost, "max-conns-per-host", dl.MaxConnsPerHost, "open API connections from one remote address")
+	f.IntVar(&l.MaxRaftConns, "max-raft-conns", dl.MaxRaftConns, "open Raft connections")
+	f.IntVar(&l.MaxRaftConnsPerHost, "max-raft-conns-per-host", dl.MaxRaftConnsPerHost, "open Raft connections from one remote address")
+	f.Uint32Var(&l.MaxStreams, "max-streams", dl.MaxStreams, "concurrent calls on one API connection")
+	f.DurationVar(&l.HandshakeTimeout, "handshake-timeout", dl.HandshakeTimeout, "time a new connection has for its TLS handshake and gRPC preface")
 	d := server.DefaultRaftTuning()
 	t := &sf.tuning
 	f.DurationVar(&t.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft follower timeout before an election")
@@ -138,7 +146,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
 		MemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
 		DisableReadLease: !sf.readLease, Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
-		TLS: sec,
+		TLS: sec, Limits: sf.limits,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
