@@ -27,7 +27,7 @@ func init() {
 	pf.StringVar(&secFlags.key, "key", os.Getenv("MEMFS_KEY"),
 		"PEM private key of --cert (env MEMFS_KEY)")
 	pf.StringVar(&secFlags.tokenFile, "token-file", os.Getenv("MEMFS_TOKEN_FILE"),
-		"file holding a token made by `memfs token create` to authenticate with (env MEMFS_TOKEN_FILE)")
+		"file holding a token made by \"memfs token create\" to authenticate with (env MEMFS_TOKEN_FILE)")
 }
 
 // tlsFiles are the --ca/--cert/--key files, checked to go together.
