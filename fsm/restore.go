@@ -286,11 +286,20 @@ func (rs *restorer) session(d *dec) error {
 	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s(), floor: d.u()}
 	if d.err == nil && len(d.b) > 0 { // written before reservations existed: none
 		n := d.u()
-		if n == 0 || n > maxRanges {
+		if n > maxRanges {
 			return badSnap("session %d: %d reservations", x.id, n)
 		}
 		for range n {
 			x.ranges = append(x.ranges, inoRange{next: d.u(), end: d.u(), epoch: d.u()})
+		}
+		hasOwner := d.err == nil && len(d.b) > 0
+		if hasOwner {
+			x.owner = d.s()
+		}
+		// Each part is written only when it has something, so that the
+		// state writes back the same bytes.
+		if n == 0 && !hasOwner || hasOwner && x.owner == "" || len(x.owner) > maxClientLen {
+			return badSnap("session %d: %d reservations, owner of %d bytes", x.id, n, len(x.owner))
 		}
 	}
 	if err := d.done(); err != nil {

@@ -20,7 +20,8 @@ import (
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
 //	  'T' token: hash, role, name, created, expires
-//	  'S' session (its inode reservations, when it has any, at the end),
+//	  'S' session (its inode reservations, when it has any or an owner,
+//	      then its owner, when it has one, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
 //	      at the end, absent when it equals the epoch),
 //	  'U' recorded result
@@ -115,13 +116,16 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	})
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
 		e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor)
-		if len(x.ranges) > 0 {
-			// Absent when empty, so a state without reservations writes
-			// what earlier versions wrote.
+		if len(x.ranges) > 0 || x.owner != "" {
+			// Absent when empty, so a state without reservations or
+			// owners writes what earlier versions wrote.
 			e.u(uint64(len(x.ranges)))
 			for _, r := range x.ranges {
 				e.u(r.next).u(r.end).u(r.epoch)
 			}
+		}
+		if x.owner != "" {
+			e.s(x.owner)
 		}
 		sw.record(recSession, e.b, nil)
 		return sw.err != nil

@@ -160,6 +160,7 @@ type session struct {
 	leaseMs int64
 	expires int64
 	client  string
+	owner   string // Command.owner of the command that opened it
 	dups    []dupRec
 	// floor is the highest ack the client has sent: every seq below it
 	// has been answered, so a copy of one arriving late (held back by the

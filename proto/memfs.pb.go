@@ -2332,6 +2332,12 @@ type Command struct {
 	// inode's) are stamp_ns instead of the entry's time when it lies within
 	// 60 s before the entry's time; otherwise the entry's time.
 	StampNs int64 `protobuf:"varint,4,opt,name=stamp_ns,json=stampNs,proto3" json:"stamp_ns,omitempty"`
+	// owner is the identity of the client that sent the command (its
+	// certificate's common name or its token's id), set by the node that
+	// received it from the client, whatever the client put there; empty on a
+	// node run without TLS. A session belongs to the owner of the command
+	// that opened it, and refuses commands of any other owner with EPERM.
+	Owner string `protobuf:"bytes,5,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Command_Open
@@ -2419,6 +2425,13 @@ func (x *Command) GetStampNs() int64 {
 		return x.StampNs
 	}
 	return 0
+}
+
+func (x *Command) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 func (x *Command) GetOp() isCommand_Op {
@@ -5476,13 +5489,14 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x1d\n" +
 	"\n" +
-	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\"\xaa\n" +
+	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\"\xc0\n" +
 	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12\x19\n" +
-	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12'\n" +
+	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12\x14\n" +
+	"\x05owner\x18\x05 \x01(\tR\x05owner\x12'\n" +
 	"\x04open\x18\n" +
 	" \x01(\v2\x11.memfs.v1.OpenCmdH\x00R\x04open\x12*\n" +
 	"\x05close\x18\v \x01(\v2\x12.memfs.v1.CloseCmdH\x00R\x05close\x12*\n" +

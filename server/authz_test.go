@@ -253,3 +253,55 @@ func TestTokens(t *testing.T) {
 		client.WithRetryTimeout(2*time.Second))
 	require.ErrorContains(t, err, "require transport level security")
 }
+
+// TestSessionsBelongToTheirOwner: a client replaying another client's
+// (session, seq), or sending new commands in its session, gets EPERM and
+// changes nothing; the owner's own retry still gets its recorded result.
+func TestSessionsBelongToTheirOwner(t *testing.T) {
+	c := server.StartCluster(t, 3, server.WithTLS())
+	dir := t.TempDir()
+	caFile := c.CertFiles("admin").CA
+	conn := func(name string) pb.MemFSClient {
+		src := loadTLS(t, issue(t, c.CA(), dir, caFile, pki.Request{Name: name, Role: pki.RoleWrite}))
+		// Through a follower: the owner must survive forwarding.
+		lead := c.WaitLeader(30 * time.Second)
+		addr := c.Node((c.Index(lead) + 1) % 3).APIAddr()
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(src.ClientConfig())))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cc.Close() })
+		return pb.NewMemFSClient(cc)
+	}
+	alice, mallory := conn("alice"), conn("mallory")
+	ctx := context.Background()
+	apply := func(cli pb.MemFSClient, cmd *pb.Command) *pb.Result {
+		resp, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: cmd})
+		require.NoError(t, err)
+		return resp.Result
+	}
+	open := apply(alice, &pb.Command{Owner: "cert:mallory", // a client's own owner is ignored
+		Op: &pb.Command_OpenSession{OpenSession: &pb.OpenSessionCmd{LeaseMs: 60_000}}})
+	require.Zero(t, open.Errno, open.Message)
+	sess := open.Session
+	write := func(data string, seq uint64) *pb.Command {
+		return &pb.Command{Session: sess, Seq: seq, Ack: seq, Op: &pb.Command_Write{Write: &pb.WriteCmd{
+			Loc: &pb.Loc{Path: "/f"}, Data: []byte(data), Create: true, Truncate: true, Mode: 0o644}}}
+	}
+	first := apply(alice, write("alice", 1))
+	require.Zero(t, first.Errno, first.Message)
+
+	replay := apply(mallory, write("mallory", 1))
+	require.Equal(t, uint32(syscall.EPERM), replay.Errno, replay.Message)
+	fresh := apply(mallory, write("mallory", 2))
+	require.Equal(t, uint32(syscall.EPERM), fresh.Errno, fresh.Message)
+	spoof := write("mallory", 3)
+	spoof.Owner = "cert:alice"
+	require.Equal(t, uint32(syscall.EPERM), apply(mallory, spoof).Errno, "a client cannot claim an owner")
+
+	again := apply(alice, write("alice", 1))
+	require.Zero(t, again.Errno, again.Message)
+	require.Equal(t, first.N, again.N, "the owner's retry gets its recorded result")
+	q, err := alice.Query(ctx, &pb.QueryRequest{Version: pb.Version,
+		Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{Loc: &pb.Loc{Path: "/f"}, Length: 100}}}})
+	require.NoError(t, err)
+	require.Equal(t, "alice", string(q.Result.Data))
+}
