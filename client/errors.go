@@ -117,6 +117,10 @@ func opName(cmd *pb.Command) string {
 		return "touch"
 	case *pb.Command_Lock:
 		return "lock"
+	case *pb.Command_TokenCreate:
+		return "token create"
+	case *pb.Command_TokenRevoke:
+		return "token revoke"
 	}
 	return "command"
 }

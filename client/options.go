@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"os"
@@ -36,6 +37,8 @@ type config struct {
 	uid, gid       uint32
 	name           string
 	caps           bool
+	tls            *tls.Config // nil: plaintext
+	token          string      // bearer token sent with every call, or ""
 }
 
 func defaultConfig() config {
@@ -144,6 +147,18 @@ func WithIdentity(uid, gid uint32) Option {
 func WithName(name string) Option {
 	return func(c *config) { c.name = name }
 }
+
+// WithTLS makes the client speak TLS to the nodes with this configuration:
+// its RootCAs (or VerifyConnection) check the nodes' certificates, and its
+// Certificates or GetClientCertificate carry the client's certificate, if
+// it authenticates with one. The cluster's CLI builds it from --ca, --cert
+// and --key (see docs/security.md).
+func WithTLS(c *tls.Config) Option { return func(cfg *config) { cfg.tls = c } }
+
+// WithToken authenticates every call with a bearer token made by
+// `memfs token create`. It needs WithTLS: a token is never sent in the
+// clear.
+func WithToken(token string) Option { return func(c *config) { c.token = token } }
 
 // DialAddr is the default Dialer: "unix:///path" (or "unix:/path") dials a
 // Unix socket, anything else is a TCP "host:port".

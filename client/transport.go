@@ -8,12 +8,12 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -92,8 +92,7 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 	if _, ok := unixPath(addr); ok {
 		authority = "localhost"
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(t.cfg.credentialOptions(),
 		grpc.WithAuthority(authority),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, addr) }),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -108,7 +107,7 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 		grpc.WithInitialWindowSize(4<<20),
 		grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("address %q: %w", addr, err)
 	}
@@ -234,7 +233,7 @@ func (t *transport) call(ctx context.Context, o callOpts, fn attemptFunc) (int, 
 			return n, unavailable(n, ctx.Err(), err)
 		}
 		if !retryable(err) {
-			return n, err
+			return n, refusal(err)
 		}
 		last = err
 		hint := ""
@@ -290,6 +289,19 @@ func retryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// refusal gives a refused call the errno a file system answers with
+// (EACCES: the caller's role does not allow it; EPERM: the caller is not
+// authenticated), keeping the gRPC status for status.Code.
+func refusal(err error) error {
+	switch status.Code(err) {
+	case codes.PermissionDenied:
+		return fmt.Errorf("%w: %w", syscall.EACCES, err)
+	case codes.Unauthenticated:
+		return fmt.Errorf("%w: %w", syscall.EPERM, err)
+	}
+	return err
 }
 
 // jitter returns the pause before attempt n+1: exponential, capped, with

@@ -15,7 +15,7 @@ go=${GO:-go}
 command -v "$go" >/dev/null || go=/usr/local/go/bin/go
 
 rm -rf "$ctx"
-mkdir -p "$ctx/server-rootfs/data" "$ctx/server-rootfs/tmp"
+mkdir -p "$ctx/server-rootfs/data" "$ctx/server-rootfs/tmp" "$ctx/server-rootfs/certs"
 chmod 1777 "$ctx/server-rootfs/tmp"
 
 if [ -n "${MEMFS_BIN:-}" ]; then

@@ -177,7 +177,7 @@ wait_progress() {
 # 6 s limit: the writer reaches exactly what the node reaches.
 put_from() {
 	echo "written from $1 to $2" | timeout -k 2 6 nsenter -t "$(pid_of "$1")" -n \
-		"$memfs" put --timeout 5s --cluster 127.0.0.1:7000 - "$2" >/dev/null 2>&1
+		"$memfs" put "${tls[@]}" --timeout 5s --cluster 127.0.0.1:7000 - "$2" >/dev/null 2>&1
 }
 
 # minority_write NODE TAG — three writes from the minority side; every one
@@ -273,6 +273,18 @@ for n in 1 2 3; do
 		abort "no memfs_ metrics on 127.0.0.1:${MEMFS_PORT_PREFIX}10$n"
 done
 pass "metrics served on every node"
+# The cluster runs TLS with the certificates its init service made: the
+# host's commands use the admin certificate, copied out of the client.
+rm -rf "$logdir/certs"
+bounded 30 docker cp "$(cid client)":/certs "$logdir/certs" || abort "copy the certificates out of the client"
+tls=(--ca "$logdir/certs/ca.crt" --cert "$logdir/certs/admin.crt" --key "$logdir/certs/admin.key")
+api1=127.0.0.1:${MEMFS_PORT_PREFIX}001
+if bounded 15 "$memfs" status --timeout 5s --cluster "$api1" >/dev/null 2>&1; then
+	abort "a client without the cluster's CA was served"
+fi
+bounded 15 "$memfs" status "${tls[@]}" --timeout 5s --cluster "$api1" >/dev/null ||
+	abort "memfs status with the admin certificate failed"
+pass "TLS: served with the cluster's certificate, refused without"
 bounded 30 docker exec "$(cid client)" timeout 20 memfs mkdir -p /chaos || abort "memfs mkdir /chaos"
 wait_progress 60 10 || abort "client made no progress"
 pass "client writing on its FUSE mount ($(acked) acknowledged)"

@@ -75,6 +75,8 @@ type Applier interface {
 	// BufferedBy tells a node which inodes a linearizable read must wait
 	// for (a TouchCmd) before it is answered (touch.go).
 	BufferedBy(q *pb.Query, session uint64) []uint64
+	// Token looks a bearer token up by its SHA-256 (tokens.go).
+	Token(hash []byte) *pb.Token
 }
 
 // Snapshot is a captured, immutable state; WriteTo may run concurrently

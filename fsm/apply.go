@@ -87,7 +87,7 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 		return errResult(errf(syscall.EINVAL, "command without an operation"))
 	}
 	if op, ok := c.Op.(*pb.Command_OpenSession); ok {
-		r, err := t.openSession(orEmpty(op.OpenSession))
+		r, err := t.openSession(orEmpty(op.OpenSession), c.Owner)
 		if err != nil {
 			return errResult(err)
 		}
@@ -97,6 +97,11 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 	if c.Session != 0 {
 		if sess = t.session(c.Session); sess == nil {
 			return errResult(errf(syscall.ESTALE, "session %d is unknown or expired", c.Session))
+		}
+		if sess.owner != c.Owner {
+			// Before the recorded results: another client must not read
+			// them by replaying a (session, seq), nor renew the lease.
+			return errResult(errf(syscall.EPERM, "session %d belongs to another client", c.Session))
 		}
 		sess = t.sessMut(sess)
 		sess.expires = leaseEnd(t.now, sess.leaseMs)
@@ -187,6 +192,10 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return &pb.Result{Session: sess.id}, nil
 	case *pb.Command_Tick:
 		return &pb.Result{}, nil
+	case *pb.Command_TokenCreate:
+		return t.tokenCreate(orEmpty(op.TokenCreate))
+	case *pb.Command_TokenRevoke:
+		return t.tokenRevoke(orEmpty(op.TokenRevoke))
 	}
 	return nil, errf(syscall.EINVAL, "unknown operation %T", c.Op)
 }
@@ -227,7 +236,7 @@ const (
 	maxLeaseMs     = 24 * 3600 * 1000
 )
 
-func (t *tx) openSession(x *pb.OpenSessionCmd) (*pb.Result, error) {
+func (t *tx) openSession(x *pb.OpenSessionCmd, owner string) (*pb.Result, error) {
 	lease := x.LeaseMs
 	if lease < 0 || lease > maxLeaseMs {
 		return nil, errf(syscall.EINVAL, "lease of %d ms", lease)
@@ -238,7 +247,10 @@ func (t *tx) openSession(x *pb.OpenSessionCmd) (*pb.Result, error) {
 	if len(x.Client) > maxClientLen {
 		return nil, errf(syscall.EINVAL, "client description of %d bytes", len(x.Client))
 	}
-	s := &session{id: t.nextSession, leaseMs: lease, expires: leaseEnd(t.now, lease), client: x.Client}
+	if len(owner) > maxClientLen {
+		return nil, errf(syscall.EINVAL, "owner of %d bytes", len(owner))
+	}
+	s := &session{id: t.nextSession, leaseMs: lease, expires: leaseEnd(t.now, lease), client: x.Client, owner: owner}
 	t.nextSession++
 	t.sessions.put(u64key(s.id), s)
 	if t.minLease == 0 || s.expires < t.minLease {

@@ -54,6 +54,8 @@ func (s *state) answer(q *pb.Query) (*pb.Result, error) {
 		return s.usage(orEmpty(x.Usage))
 	case *pb.Query_Lock:
 		return s.lockQuery(orEmpty(x.Lock))
+	case *pb.Query_Tokens:
+		return s.listTokens(), nil
 	}
 	return nil, errf(syscall.EINVAL, "query without a known question")
 }

@@ -189,7 +189,7 @@ func (rs *restorer) end(p []byte) error {
 }
 
 // order is the record kinds in the order they must come.
-const order = "HSFLCPUIDB"
+const order = "HTSFLCPUIDB"
 
 func isChunk(kind byte) bool { return kind == recBlock || kind == recRef || kind == recExtern }
 
@@ -223,6 +223,8 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 	switch kind {
 	case recHeader:
 		return rs.header(d, limit)
+	case recToken:
+		return rs.token(d)
 	case recSession:
 		return rs.session(d)
 	case recHandle:
@@ -269,15 +271,38 @@ func (rs *restorer) header(d *dec, limit uint64) error {
 	return nil
 }
 
+func (rs *restorer) token(d *dec) error {
+	hash := d.bytes()
+	role := d.u()
+	k := &token{role: pb.Role(role), name: d.s(), created: d.i(), expires: d.i()}
+	if err := d.done(); err != nil {
+		return err
+	}
+	if len(hash) != len(k.hash) || role > uint64(pb.Role_ROLE_ADMIN) || !validTokenRole(k.role) || len(k.name) > maxTokenName {
+		return badSnap("token %x: role %d, name of %d bytes", hash, role, len(k.name))
+	}
+	copy(k.hash[:], hash)
+	return putNew(rs, &rs.s.tokens, k.hash[:], k)
+}
+
 func (rs *restorer) session(d *dec) error {
 	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s(), floor: d.u()}
 	if d.err == nil && len(d.b) > 0 { // written before reservations existed: none
 		n := d.u()
-		if n == 0 || n > maxRanges {
+		if n > maxRanges {
 			return badSnap("session %d: %d reservations", x.id, n)
 		}
 		for range n {
 			x.ranges = append(x.ranges, inoRange{next: d.u(), end: d.u(), epoch: d.u()})
+		}
+		hasOwner := d.err == nil && len(d.b) > 0
+		if hasOwner {
+			x.owner = d.s()
+		}
+		// Each part is written only when it has something, so that the
+		// state writes back the same bytes.
+		if n == 0 && !hasOwner || hasOwner && x.owner == "" || len(x.owner) > maxClientLen {
+			return badSnap("session %d: %d reservations, owner of %d bytes", x.id, n, len(x.owner))
 		}
 	}
 	if err := d.done(); err != nil {

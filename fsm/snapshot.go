@@ -19,7 +19,9 @@ import (
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
-//	  'S' session (its inode reservations, when it has any, at the end),
+//	  'T' token: hash, role, name, created, expires
+//	  'S' session (its inode reservations, when it has any or an owner,
+//	      then its owner, when it has one, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
 //	      at the end, absent when it equals the epoch),
 //	  'P' the file locks of one inode: the locks held, then the waiters
@@ -41,6 +43,7 @@ const (
 	snapVersionExtern = 2 // blocks by hash only
 
 	recHeader  = 'H'
+	recToken   = 'T'
 	recSession = 'S'
 	recHandle  = 'F'
 	recLock    = 'L'
@@ -112,15 +115,23 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	var e enc
 	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
 	sw.record(recHeader, e.b, nil)
+	s.tokens.root().Walk(func(_ []byte, k *token) bool {
+		e.reset().bytes(k.hash[:]).u(uint64(k.role)).s(k.name).i(k.created).i(k.expires)
+		sw.record(recToken, e.b, nil)
+		return sw.err != nil
+	})
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
 		e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor)
-		if len(x.ranges) > 0 {
-			// Absent when empty, so a state without reservations writes
-			// what earlier versions wrote.
+		if len(x.ranges) > 0 || x.owner != "" {
+			// Absent when empty, so a state without reservations or
+			// owners writes what earlier versions wrote.
 			e.u(uint64(len(x.ranges)))
 			for _, r := range x.ranges {
 				e.u(r.next).u(r.end).u(r.epoch)
 			}
+		}
+		if x.owner != "" {
+			e.s(x.owner)
 		}
 		sw.record(recSession, e.b, nil)
 		return sw.err != nil

@@ -160,6 +160,7 @@ type session struct {
 	leaseMs int64
 	expires int64
 	client  string
+	owner   string // Command.owner of the command that opened it
 	dups    []dupRec
 	// floor is the highest ack the client has sent: every seq below it
 	// has been answered, so a copy of one arriving late (held back by the
@@ -236,6 +237,13 @@ func (b *tab[T]) delPrefix(k []byte) {
 	b.txn().DeletePrefix(k)
 }
 
+func (b *tab[T]) len() int {
+	if b.x != nil {
+		return b.x.CommitOnly().Len() // a snapshot of the transaction; it stays open
+	}
+	return b.t.Len()
+}
+
 func (b *tab[T]) root() *iradix.Node[T] {
 	if b.x != nil {
 		return b.x.Root()
@@ -275,6 +283,7 @@ type state struct {
 	sessions tab[*session]     // session id -> session
 	caps     tab[*capab]       // ino + session id -> capability
 	rlocks   tab[*fileLocks]   // ino -> POSIX and flock locks (filelocks.go)
+	tokens   tab[*token]       // SHA-256 of a bearer token -> token
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -283,7 +292,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		chunkSize: uint64(chunkSize), blocks: blocks,
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
-		caps: newTab[*capab](), rlocks: newTab[*fileLocks](),
+		caps: newTab[*capab](), rlocks: newTab[*fileLocks](), tokens: newTab[*token](),
 	}
 }
 
@@ -296,6 +305,7 @@ func (s *state) commit() {
 	s.sessions.commit()
 	s.caps.commit()
 	s.rlocks.commit()
+	s.tokens.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

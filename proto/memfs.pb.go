@@ -152,6 +152,64 @@ func (LockType) EnumDescriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{1}
 }
 
+// Role is what a client may do (docs/security.md). Each includes the ones
+// below it: read (queries, reads, sessions, read-only opens), write (every
+// file operation), admin (membership, tokens), node (a cluster member).
+type Role int32
+
+const (
+	Role_ROLE_NONE  Role = 0
+	Role_ROLE_READ  Role = 1
+	Role_ROLE_WRITE Role = 2
+	Role_ROLE_ADMIN Role = 3
+	Role_ROLE_NODE  Role = 4
+)
+
+// Enum value maps for Role.
+var (
+	Role_name = map[int32]string{
+		0: "ROLE_NONE",
+		1: "ROLE_READ",
+		2: "ROLE_WRITE",
+		3: "ROLE_ADMIN",
+		4: "ROLE_NODE",
+	}
+	Role_value = map[string]int32{
+		"ROLE_NONE":  0,
+		"ROLE_READ":  1,
+		"ROLE_WRITE": 2,
+		"ROLE_ADMIN": 3,
+		"ROLE_NODE":  4,
+	}
+)
+
+func (x Role) Enum() *Role {
+	p := new(Role)
+	*p = x
+	return p
+}
+
+func (x Role) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Role) Descriptor() protoreflect.EnumDescriptor {
+	return file_memfs_proto_enumTypes[2].Descriptor()
+}
+
+func (Role) Type() protoreflect.EnumType {
+	return &file_memfs_proto_enumTypes[2]
+}
+
+func (x Role) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Role.Descriptor instead.
+func (Role) EnumDescriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{2}
+}
+
 type Consistency int32
 
 const (
@@ -182,11 +240,11 @@ func (x Consistency) String() string {
 }
 
 func (Consistency) Descriptor() protoreflect.EnumDescriptor {
-	return file_memfs_proto_enumTypes[2].Descriptor()
+	return file_memfs_proto_enumTypes[3].Descriptor()
 }
 
 func (Consistency) Type() protoreflect.EnumType {
-	return &file_memfs_proto_enumTypes[2]
+	return &file_memfs_proto_enumTypes[3]
 }
 
 func (x Consistency) Number() protoreflect.EnumNumber {
@@ -195,7 +253,7 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{2}
+	return file_memfs_proto_rawDescGZIP(), []int{3}
 }
 
 // Attr is what stat(2) reports. mode carries the file type bits (S_IFREG,
@@ -2320,6 +2378,201 @@ func (x *Lock) GetOwner() uint64 {
 	return 0
 }
 
+// TokenCreateCmd stores a bearer token, by the SHA-256 of its text only:
+// the text is made and kept by whoever asked (memfs token create) and never
+// enters the log. The token lasts ttl_ms from the entry's time (0: until
+// revoked).
+type TokenCreateCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Hash          []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenCreateCmd) Reset() {
+	*x = TokenCreateCmd{}
+	mi := &file_memfs_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenCreateCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenCreateCmd) ProtoMessage() {}
+
+func (x *TokenCreateCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenCreateCmd.ProtoReflect.Descriptor instead.
+func (*TokenCreateCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *TokenCreateCmd) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *TokenCreateCmd) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_NONE
+}
+
+func (x *TokenCreateCmd) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TokenCreateCmd) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+// TokenRevokeCmd removes the token whose id (TokenId: the first 8 bytes of
+// its hash in hex) is id. ENOENT when there is none.
+type TokenRevokeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenRevokeCmd) Reset() {
+	*x = TokenRevokeCmd{}
+	mi := &file_memfs_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenRevokeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenRevokeCmd) ProtoMessage() {}
+
+func (x *TokenRevokeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenRevokeCmd.ProtoReflect.Descriptor instead.
+func (*TokenRevokeCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *TokenRevokeCmd) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// Token describes a stored token (never its hash).
+type Token struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedNs     int64                  `protobuf:"varint,4,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
+	ExpiresNs     int64                  `protobuf:"varint,5,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"` // 0: never
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_memfs_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Token) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Token) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_NONE
+}
+
+func (x *Token) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Token) GetCreatedNs() int64 {
+	if x != nil {
+		return x.CreatedNs
+	}
+	return 0
+}
+
+func (x *Token) GetExpiresNs() int64 {
+	if x != nil {
+		return x.ExpiresNs
+	}
+	return 0
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -2334,6 +2587,12 @@ type Command struct {
 	// inode's) are stamp_ns instead of the entry's time when it lies within
 	// 60 s before the entry's time; otherwise the entry's time.
 	StampNs int64 `protobuf:"varint,4,opt,name=stamp_ns,json=stampNs,proto3" json:"stamp_ns,omitempty"`
+	// owner is the identity of the client that sent the command (its
+	// certificate's common name or its token's id), set by the node that
+	// received it from the client, whatever the client put there; empty on a
+	// node run without TLS. A session belongs to the owner of the command
+	// that opened it, and refuses commands of any other owner with EPERM.
+	Owner string `protobuf:"bytes,5,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Command_Open
@@ -2359,6 +2618,8 @@ type Command struct {
 	//	*Command_KeepAlive
 	//	*Command_CloseSession
 	//	*Command_Tick
+	//	*Command_TokenCreate
+	//	*Command_TokenRevoke
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2366,7 +2627,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2639,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2652,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -2420,6 +2681,13 @@ func (x *Command) GetStampNs() int64 {
 		return x.StampNs
 	}
 	return 0
+}
+
+func (x *Command) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 func (x *Command) GetOp() isCommand_Op {
@@ -2636,6 +2904,24 @@ func (x *Command) GetTick() *TickCmd {
 	return nil
 }
 
+func (x *Command) GetTokenCreate() *TokenCreateCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_TokenCreate); ok {
+			return x.TokenCreate
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTokenRevoke() *TokenRevokeCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_TokenRevoke); ok {
+			return x.TokenRevoke
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -2732,6 +3018,14 @@ type Command_Tick struct {
 	Tick *TickCmd `protobuf:"bytes,33,opt,name=tick,proto3,oneof"`
 }
 
+type Command_TokenCreate struct {
+	TokenCreate *TokenCreateCmd `protobuf:"bytes,34,opt,name=token_create,json=tokenCreate,proto3,oneof"`
+}
+
+type Command_TokenRevoke struct {
+	TokenRevoke *TokenRevokeCmd `protobuf:"bytes,35,opt,name=token_revoke,json=tokenRevoke,proto3,oneof"`
+}
+
 func (*Command_Open) isCommand_Op() {}
 
 func (*Command_Close) isCommand_Op() {}
@@ -2778,6 +3072,10 @@ func (*Command_CloseSession) isCommand_Op() {}
 
 func (*Command_Tick) isCommand_Op() {}
 
+func (*Command_TokenCreate) isCommand_Op() {}
+
+func (*Command_TokenRevoke) isCommand_Op() {}
+
 // Entry is the payload of one Raft log entry: the commands the leader
 // batched together, stamped with the leader's clock. Every time in the
 // state machine comes from time_ns.
@@ -2798,7 +3096,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +3108,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +3121,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -2890,13 +3188,14 @@ type Result struct {
 	Failed        uint32    `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
 	Waiter        uint64    `protobuf:"varint,24,opt,name=waiter,proto3" json:"waiter,omitempty"`                     // lock: the queued waiter (with queued)
 	Lock          *Lock     `protobuf:"bytes,25,opt,name=lock,proto3" json:"lock,omitempty"`                          // lock query: the first conflicting lock, absent when none
+	Tokens        []*Token  `protobuf:"bytes,26,rep,name=tokens,proto3" json:"tokens,omitempty"`                      // tokens query
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2908,7 +3207,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2921,7 +3220,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -3099,6 +3398,13 @@ func (x *Result) GetLock() *Lock {
 	return nil
 }
 
+func (x *Result) GetTokens() []*Token {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -3108,7 +3414,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3120,7 +3426,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3133,7 +3439,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -3155,7 +3461,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3167,7 +3473,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3180,7 +3486,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -3223,7 +3529,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3235,7 +3541,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3248,7 +3554,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -3288,7 +3594,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3606,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3619,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -3333,7 +3639,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3651,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3664,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -3384,7 +3690,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3702,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3715,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -3427,7 +3733,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3745,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3758,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -3469,7 +3775,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3787,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3800,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -3527,7 +3833,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3845,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3858,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -3584,7 +3890,7 @@ type LockQuery struct {
 
 func (x *LockQuery) Reset() {
 	*x = LockQuery{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3596,7 +3902,7 @@ func (x *LockQuery) String() string {
 func (*LockQuery) ProtoMessage() {}
 
 func (x *LockQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3609,7 +3915,7 @@ func (x *LockQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockQuery.ProtoReflect.Descriptor instead.
 func (*LockQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LockQuery) GetIno() uint64 {
@@ -3675,6 +3981,43 @@ func (x *LockQuery) GetWait() bool {
 	return false
 }
 
+// TokensQuery lists the stored tokens.
+type TokensQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokensQuery) Reset() {
+	*x = TokensQuery{}
+	mi := &file_memfs_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokensQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokensQuery) ProtoMessage() {}
+
+func (x *TokensQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokensQuery.ProtoReflect.Descriptor instead.
+func (*TokensQuery) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{45}
+}
+
 // TreeUsage is dedup accounting for a directory tree.
 type TreeUsage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3688,7 +4031,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +4043,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +4056,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -3758,6 +4101,7 @@ type Query struct {
 	//	*Query_Handle
 	//	*Query_Usage
 	//	*Query_Lock
+	//	*Query_Tokens
 	Q             isQuery_Q `protobuf_oneof:"q"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3765,7 +4109,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3777,7 +4121,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3790,7 +4134,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -3890,6 +4234,15 @@ func (x *Query) GetLock() *LockQuery {
 	return nil
 }
 
+func (x *Query) GetTokens() *TokensQuery {
+	if x != nil {
+		if x, ok := x.Q.(*Query_Tokens); ok {
+			return x.Tokens
+		}
+	}
+	return nil
+}
+
 type isQuery_Q interface {
 	isQuery_Q()
 }
@@ -3934,6 +4287,10 @@ type Query_Lock struct {
 	Lock *LockQuery `protobuf:"bytes,10,opt,name=lock,proto3,oneof"`
 }
 
+type Query_Tokens struct {
+	Tokens *TokensQuery `protobuf:"bytes,11,opt,name=tokens,proto3,oneof"`
+}
+
 func (*Query_Stat) isQuery_Q() {}
 
 func (*Query_Read) isQuery_Q() {}
@@ -3954,6 +4311,8 @@ func (*Query_Usage) isQuery_Q() {}
 
 func (*Query_Lock) isQuery_Q() {}
 
+func (*Query_Tokens) isQuery_Q() {}
+
 // Every request carries the protocol version; a node refuses one it does not
 // speak with FAILED_PRECONDITION.
 type ApplyRequest struct {
@@ -3966,7 +4325,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3978,7 +4337,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3991,7 +4350,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -4018,7 +4377,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4389,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4402,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -4076,7 +4435,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4447,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4460,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -4142,7 +4501,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4513,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +4526,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -4199,7 +4558,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4211,7 +4570,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4224,7 +4583,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -4258,7 +4617,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4270,7 +4629,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4283,7 +4642,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -4347,7 +4706,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4718,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4731,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -4581,7 +4940,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +4952,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +4965,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -4644,7 +5003,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4656,7 +5015,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4669,7 +5028,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4776,7 +5135,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4788,7 +5147,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4801,7 +5160,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -4847,7 +5206,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4859,7 +5218,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4872,7 +5231,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 type RemoveNodeRequest struct {
@@ -4885,7 +5244,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4897,7 +5256,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4910,7 +5269,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -4935,7 +5294,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4947,7 +5306,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4960,7 +5319,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -4975,7 +5334,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4987,7 +5346,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5000,7 +5359,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -5027,7 +5386,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5039,7 +5398,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5052,7 +5411,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -5072,7 +5431,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5084,7 +5443,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5097,7 +5456,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -5130,7 +5489,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5142,7 +5501,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5155,7 +5514,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -5202,7 +5561,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5214,7 +5573,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5227,7 +5586,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{61}
+	return file_memfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -5253,7 +5612,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5265,7 +5624,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5278,7 +5637,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{62}
+	return file_memfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -5324,7 +5683,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5336,7 +5695,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5349,7 +5708,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{63}
+	return file_memfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -5548,12 +5907,29 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x14\n" +
-	"\x05owner\x18\x06 \x01(\x04R\x05owner\"\xd5\t\n" +
+	"\x05owner\x18\x06 \x01(\x04R\x05owner\"s\n" +
+	"\x0eTokenCreateCmd\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\fR\x04hash\x12\"\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x15\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\" \n" +
+	"\x0eTokenRevokeCmd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x01\n" +
+	"\x05Token\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x1d\n" +
+	"\n" +
+	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\"\xe9\n" +
+	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12\x19\n" +
-	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12'\n" +
+	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12\x14\n" +
+	"\x05owner\x18\x05 \x01(\tR\x05owner\x12'\n" +
 	"\x04open\x18\n" +
 	" \x01(\v2\x11.memfs.v1.OpenCmdH\x00R\x04open\x12*\n" +
 	"\x05close\x18\v \x01(\v2\x12.memfs.v1.CloseCmdH\x00R\x05close\x12*\n" +
@@ -5578,13 +5954,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"keep_alive\x18\x1f \x01(\v2\x16.memfs.v1.KeepAliveCmdH\x00R\tkeepAlive\x12@\n" +
 	"\rclose_session\x18  \x01(\v2\x19.memfs.v1.CloseSessionCmdH\x00R\fcloseSession\x12'\n" +
-	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tickB\x04\n" +
+	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tick\x12=\n" +
+	"\ftoken_create\x18\" \x01(\v2\x18.memfs.v1.TokenCreateCmdH\x00R\vtokenCreate\x12=\n" +
+	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevokeB\x04\n" +
 	"\x02op\"\x8c\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xbb\x05\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xe4\x05\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -5611,7 +5989,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\aresults\x18\x16 \x03(\v2\x10.memfs.v1.ResultR\aresults\x12\x16\n" +
 	"\x06failed\x18\x17 \x01(\rR\x06failed\x12\x16\n" +
 	"\x06waiter\x18\x18 \x01(\x04R\x06waiter\x12\"\n" +
-	"\x04lock\x18\x19 \x01(\v2\x0e.memfs.v1.LockR\x04lock\",\n" +
+	"\x04lock\x18\x19 \x01(\v2\x0e.memfs.v1.LockR\x04lock\x12'\n" +
+	"\x06tokens\x18\x1a \x03(\v2\x0f.memfs.v1.TokenR\x06tokens\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -5648,12 +6027,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03end\x18\x06 \x01(\x04R\x03end\x12\x14\n" +
 	"\x05flock\x18\a \x01(\bR\x05flock\x12\x16\n" +
 	"\x06waiter\x18\b \x01(\x04R\x06waiter\x12\x12\n" +
-	"\x04wait\x18\t \x01(\bR\x04wait\"\x90\x01\n" +
+	"\x04wait\x18\t \x01(\bR\x04wait\"\r\n" +
+	"\vTokensQuery\"\x90\x01\n" +
 	"\tTreeUsage\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xfc\x03\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xad\x04\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -5666,7 +6046,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06handle\x18\b \x01(\v2\x15.memfs.v1.HandleQueryH\x00R\x06handle\x12,\n" +
 	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usage\x12)\n" +
 	"\x04lock\x18\n" +
-	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lockB\x03\n" +
+	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lock\x12/\n" +
+	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokensB\x03\n" +
 	"\x01q\"U\n" +
 	"\fApplyRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12+\n" +
@@ -5798,7 +6179,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\vLOCK_UNLOCK\x10\x00\x12\r\n" +
 	"\tLOCK_READ\x10\x01\x12\x0e\n" +
 	"\n" +
-	"LOCK_WRITE\x10\x02**\n" +
+	"LOCK_WRITE\x10\x02*S\n" +
+	"\x04Role\x12\r\n" +
+	"\tROLE_NONE\x10\x00\x12\r\n" +
+	"\tROLE_READ\x10\x01\x12\x0e\n" +
+	"\n" +
+	"ROLE_WRITE\x10\x02\x12\x0e\n" +
+	"\n" +
+	"ROLE_ADMIN\x10\x03\x12\r\n" +
+	"\tROLE_NODE\x10\x04**\n" +
 	"\vConsistency\x12\x10\n" +
 	"\fLINEARIZABLE\x10\x00\x12\t\n" +
 	"\x05STALE\x10\x012\xf9\x04\n" +
@@ -5827,183 +6216,194 @@ func file_memfs_proto_rawDescGZIP() []byte {
 	return file_memfs_proto_rawDescData
 }
 
-var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(LockType)(0),                 // 1: memfs.v1.LockType
-	(Consistency)(0),              // 2: memfs.v1.Consistency
-	(*Attr)(nil),                  // 3: memfs.v1.Attr
-	(*Loc)(nil),                   // 4: memfs.v1.Loc
-	(*Dirent)(nil),                // 5: memfs.v1.Dirent
-	(*Statfs)(nil),                // 6: memfs.v1.Statfs
-	(*OpenCmd)(nil),               // 7: memfs.v1.OpenCmd
-	(*CloseCmd)(nil),              // 8: memfs.v1.CloseCmd
-	(*WriteCmd)(nil),              // 9: memfs.v1.WriteCmd
-	(*MkdirCmd)(nil),              // 10: memfs.v1.MkdirCmd
-	(*RemoveCmd)(nil),             // 11: memfs.v1.RemoveCmd
-	(*RenameCmd)(nil),             // 12: memfs.v1.RenameCmd
-	(*SetAttrCmd)(nil),            // 13: memfs.v1.SetAttrCmd
-	(*MknodCmd)(nil),              // 14: memfs.v1.MknodCmd
-	(*SymlinkCmd)(nil),            // 15: memfs.v1.SymlinkCmd
-	(*LinkCmd)(nil),               // 16: memfs.v1.LinkCmd
-	(*SetXattrCmd)(nil),           // 17: memfs.v1.SetXattrCmd
-	(*RemoveXattrCmd)(nil),        // 18: memfs.v1.RemoveXattrCmd
-	(*CloneCmd)(nil),              // 19: memfs.v1.CloneCmd
-	(*OpenSessionCmd)(nil),        // 20: memfs.v1.OpenSessionCmd
-	(*KeepAliveCmd)(nil),          // 21: memfs.v1.KeepAliveCmd
-	(*CloseSessionCmd)(nil),       // 22: memfs.v1.CloseSessionCmd
-	(*TickCmd)(nil),               // 23: memfs.v1.TickCmd
-	(*GrantCmd)(nil),              // 24: memfs.v1.GrantCmd
-	(*CapRef)(nil),                // 25: memfs.v1.CapRef
-	(*ReleaseCmd)(nil),            // 26: memfs.v1.ReleaseCmd
-	(*ReserveInodesCmd)(nil),      // 27: memfs.v1.ReserveInodesCmd
-	(*BatchCmd)(nil),              // 28: memfs.v1.BatchCmd
-	(*TouchCmd)(nil),              // 29: memfs.v1.TouchCmd
-	(*LockCmd)(nil),               // 30: memfs.v1.LockCmd
-	(*Lock)(nil),                  // 31: memfs.v1.Lock
-	(*Command)(nil),               // 32: memfs.v1.Command
-	(*Entry)(nil),                 // 33: memfs.v1.Entry
-	(*Result)(nil),                // 34: memfs.v1.Result
-	(*StatQuery)(nil),             // 35: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 36: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 37: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 38: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 39: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 40: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 41: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 42: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 43: memfs.v1.UsageQuery
-	(*LockQuery)(nil),             // 44: memfs.v1.LockQuery
-	(*TreeUsage)(nil),             // 45: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 46: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 47: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 48: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 49: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 50: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 51: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 52: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 53: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 54: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 55: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 56: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 57: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 58: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 59: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 60: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 61: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 62: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 63: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 64: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 65: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 66: memfs.v1.Recall
+	(Role)(0),                     // 2: memfs.v1.Role
+	(Consistency)(0),              // 3: memfs.v1.Consistency
+	(*Attr)(nil),                  // 4: memfs.v1.Attr
+	(*Loc)(nil),                   // 5: memfs.v1.Loc
+	(*Dirent)(nil),                // 6: memfs.v1.Dirent
+	(*Statfs)(nil),                // 7: memfs.v1.Statfs
+	(*OpenCmd)(nil),               // 8: memfs.v1.OpenCmd
+	(*CloseCmd)(nil),              // 9: memfs.v1.CloseCmd
+	(*WriteCmd)(nil),              // 10: memfs.v1.WriteCmd
+	(*MkdirCmd)(nil),              // 11: memfs.v1.MkdirCmd
+	(*RemoveCmd)(nil),             // 12: memfs.v1.RemoveCmd
+	(*RenameCmd)(nil),             // 13: memfs.v1.RenameCmd
+	(*SetAttrCmd)(nil),            // 14: memfs.v1.SetAttrCmd
+	(*MknodCmd)(nil),              // 15: memfs.v1.MknodCmd
+	(*SymlinkCmd)(nil),            // 16: memfs.v1.SymlinkCmd
+	(*LinkCmd)(nil),               // 17: memfs.v1.LinkCmd
+	(*SetXattrCmd)(nil),           // 18: memfs.v1.SetXattrCmd
+	(*RemoveXattrCmd)(nil),        // 19: memfs.v1.RemoveXattrCmd
+	(*CloneCmd)(nil),              // 20: memfs.v1.CloneCmd
+	(*OpenSessionCmd)(nil),        // 21: memfs.v1.OpenSessionCmd
+	(*KeepAliveCmd)(nil),          // 22: memfs.v1.KeepAliveCmd
+	(*CloseSessionCmd)(nil),       // 23: memfs.v1.CloseSessionCmd
+	(*TickCmd)(nil),               // 24: memfs.v1.TickCmd
+	(*GrantCmd)(nil),              // 25: memfs.v1.GrantCmd
+	(*CapRef)(nil),                // 26: memfs.v1.CapRef
+	(*ReleaseCmd)(nil),            // 27: memfs.v1.ReleaseCmd
+	(*ReserveInodesCmd)(nil),      // 28: memfs.v1.ReserveInodesCmd
+	(*BatchCmd)(nil),              // 29: memfs.v1.BatchCmd
+	(*TouchCmd)(nil),              // 30: memfs.v1.TouchCmd
+	(*LockCmd)(nil),               // 31: memfs.v1.LockCmd
+	(*Lock)(nil),                  // 32: memfs.v1.Lock
+	(*TokenCreateCmd)(nil),        // 33: memfs.v1.TokenCreateCmd
+	(*TokenRevokeCmd)(nil),        // 34: memfs.v1.TokenRevokeCmd
+	(*Token)(nil),                 // 35: memfs.v1.Token
+	(*Command)(nil),               // 36: memfs.v1.Command
+	(*Entry)(nil),                 // 37: memfs.v1.Entry
+	(*Result)(nil),                // 38: memfs.v1.Result
+	(*StatQuery)(nil),             // 39: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 40: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 41: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 42: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 43: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 44: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 45: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 46: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 47: memfs.v1.UsageQuery
+	(*LockQuery)(nil),             // 48: memfs.v1.LockQuery
+	(*TokensQuery)(nil),           // 49: memfs.v1.TokensQuery
+	(*TreeUsage)(nil),             // 50: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 51: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 52: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 53: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 54: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 55: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 56: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 57: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 58: memfs.v1.NodeStatus
+	(*StatusRequest)(nil),         // 59: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 60: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 61: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 62: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 63: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 64: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 65: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 66: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 67: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 68: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 69: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 70: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 71: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
-	3,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
-	4,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
-	4,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
-	4,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	4,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	4,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	4,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	4,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	25, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	25, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
-	32, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
+	4,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
+	5,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
+	5,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
+	5,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	5,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	5,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	5,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	5,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	26, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	26, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
+	36, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
 	1,  // 19: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
 	1,  // 20: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
-	7,  // 21: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	8,  // 22: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	9,  // 23: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	10, // 24: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	11, // 25: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	12, // 26: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	13, // 27: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	15, // 28: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	16, // 29: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	17, // 30: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	18, // 31: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	19, // 32: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	24, // 33: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	26, // 34: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	14, // 35: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	27, // 36: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	28, // 37: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	29, // 38: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	30, // 39: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
-	20, // 40: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	21, // 41: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	22, // 42: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	23, // 43: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	32, // 44: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	3,  // 45: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	5,  // 46: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	6,  // 47: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	45, // 48: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	34, // 49: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	31, // 50: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
-	4,  // 51: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 52: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 53: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 54: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 55: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 56: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	4,  // 57: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	1,  // 58: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
-	35, // 59: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	36, // 60: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	37, // 61: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	38, // 62: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	39, // 63: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	40, // 64: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	41, // 65: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	42, // 66: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	43, // 67: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	44, // 68: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
-	32, // 69: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	34, // 70: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	46, // 71: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	2,  // 72: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	34, // 73: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	32, // 74: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	34, // 75: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	53, // 76: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	53, // 77: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	5,  // 78: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	66, // 79: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	47, // 80: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	49, // 81: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	51, // 82: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	49, // 83: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	54, // 84: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	56, // 85: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	58, // 86: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	60, // 87: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	62, // 88: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	64, // 89: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	48, // 90: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	50, // 91: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	48, // 92: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	52, // 93: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	55, // 94: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	57, // 95: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	59, // 96: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	61, // 97: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	63, // 98: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	65, // 99: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	90, // [90:100] is the sub-list for method output_type
-	80, // [80:90] is the sub-list for method input_type
-	80, // [80:80] is the sub-list for extension type_name
-	80, // [80:80] is the sub-list for extension extendee
-	0,  // [0:80] is the sub-list for field type_name
+	2,  // 21: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
+	2,  // 22: memfs.v1.Token.role:type_name -> memfs.v1.Role
+	8,  // 23: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	9,  // 24: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	10, // 25: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	11, // 26: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	12, // 27: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	13, // 28: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	14, // 29: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	16, // 30: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	17, // 31: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	18, // 32: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	19, // 33: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	20, // 34: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	25, // 35: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	27, // 36: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	15, // 37: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	28, // 38: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	29, // 39: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	30, // 40: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	31, // 41: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
+	21, // 42: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	22, // 43: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	23, // 44: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	24, // 45: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	33, // 46: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
+	34, // 47: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
+	36, // 48: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	4,  // 49: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	6,  // 50: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	7,  // 51: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	50, // 52: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	38, // 53: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	32, // 54: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
+	35, // 55: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
+	5,  // 56: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 57: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 58: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 59: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 60: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 61: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,  // 62: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	1,  // 63: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
+	39, // 64: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	40, // 65: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	41, // 66: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	42, // 67: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	43, // 68: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	44, // 69: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	45, // 70: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	46, // 71: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	47, // 72: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	48, // 73: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	49, // 74: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	36, // 75: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	38, // 76: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	51, // 77: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	3,  // 78: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	38, // 79: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	36, // 80: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	38, // 81: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	58, // 82: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	58, // 83: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,  // 84: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	71, // 85: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	52, // 86: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	54, // 87: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	56, // 88: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	54, // 89: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	59, // 90: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	61, // 91: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	63, // 92: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	65, // 93: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	67, // 94: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	69, // 95: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	53, // 96: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	55, // 97: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	53, // 98: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	57, // 99: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	60, // 100: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	62, // 101: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	64, // 102: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	66, // 103: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	68, // 104: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	70, // 105: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	96, // [96:106] is the sub-list for method output_type
+	86, // [86:96] is the sub-list for method input_type
+	86, // [86:86] is the sub-list for extension type_name
+	86, // [86:86] is the sub-list for extension extendee
+	0,  // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -6012,7 +6412,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[29].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[32].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -6036,8 +6436,10 @@ func file_memfs_proto_init() {
 		(*Command_KeepAlive)(nil),
 		(*Command_CloseSession)(nil),
 		(*Command_Tick)(nil),
+		(*Command_TokenCreate)(nil),
+		(*Command_TokenRevoke)(nil),
 	}
-	file_memfs_proto_msgTypes[43].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[47].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -6048,14 +6450,15 @@ func file_memfs_proto_init() {
 		(*Query_Handle)(nil),
 		(*Query_Usage)(nil),
 		(*Query_Lock)(nil),
+		(*Query_Tokens)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   64,
+			NumEnums:      4,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

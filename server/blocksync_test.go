@@ -330,7 +330,7 @@ func newTestSync(t *testing.T, giveUp, idle time.Duration) (*blockSync, *blockdi
 	require.NoError(t, err)
 	dir, err := blockdir.Open(t.TempDir())
 	require.NoError(t, err)
-	ps := newPeers(nil)
+	ps := newPeers(nil, nil)
 	t.Cleanup(ps.close)
 	return &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
 		giveUp: giveUp, idle: idle}, dir

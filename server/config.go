@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
 // Log store names accepted in Config.LogStore.
@@ -97,6 +99,17 @@ type Config struct {
 	// Raft tunes replication; zero fields take DefaultRaftTuning's values.
 	Raft RaftTuning
 
+	// TLS, when set, serves the API and the Raft transport over TLS 1.3
+	// with its certificate, and dials other nodes with it: Raft accepts
+	// only node certificates of its CA, the API any certificate of its CA
+	// or none (a client then needs a token). Reloading the Source rotates
+	// the certificate on the next handshake. Nil serves plaintext.
+	TLS *tlsconf.Source
+
+	// Limits bound what one client may hold; zero fields take
+	// DefaultLimits' values (docs/security.md, "Limits").
+	Limits Limits
+
 	// PeerDialer, when set, makes the node's connections to other nodes'
 	// APIs (forwarding to the leader, status fan-out, block sync); plain
 	// TCP when nil. Tests put fault injection here.
@@ -119,6 +132,56 @@ type Config struct {
 	RaftLogLevel string
 	// Registerer, when set, receives the node's Prometheus metrics.
 	Registerer prometheus.Registerer
+}
+
+// Limits bound the connections and calls a node accepts. A client past
+// one is refused (the connection closed, or the call ResourceExhausted);
+// the node and its other clients go on.
+type Limits struct {
+	// MaxConns caps the open API connections; MaxConnsPerHost those from
+	// one remote address. Past them a new connection is closed at once.
+	MaxConns, MaxConnsPerHost int
+	// MaxRaftConns and MaxRaftConnsPerHost do the same on the Raft port,
+	// where only the other nodes belong.
+	MaxRaftConns, MaxRaftConnsPerHost int
+	// MaxStreams caps the concurrent calls on one API connection.
+	MaxStreams uint32
+	// HandshakeTimeout bounds a new connection's TLS handshake (API and
+	// Raft) and gRPC's connection preface: a peer that connects and says
+	// nothing, or dribbles, is dropped after it.
+	HandshakeTimeout time.Duration
+}
+
+// DefaultLimits returns the defaults.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxConns: 16384, MaxConnsPerHost: 4096,
+		MaxRaftConns: 512, MaxRaftConnsPerHost: 64,
+		MaxStreams: 1024, HandshakeTimeout: 10 * time.Second,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxConns == 0 {
+		l.MaxConns = d.MaxConns
+	}
+	if l.MaxConnsPerHost == 0 {
+		l.MaxConnsPerHost = d.MaxConnsPerHost
+	}
+	if l.MaxRaftConns == 0 {
+		l.MaxRaftConns = d.MaxRaftConns
+	}
+	if l.MaxRaftConnsPerHost == 0 {
+		l.MaxRaftConnsPerHost = d.MaxRaftConnsPerHost
+	}
+	if l.MaxStreams == 0 {
+		l.MaxStreams = d.MaxStreams
+	}
+	if l.HandshakeTimeout == 0 {
+		l.HandshakeTimeout = d.HandshakeTimeout
+	}
+	return l
 }
 
 // Stores are the three stores Raft persists to.

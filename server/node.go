@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/memoryfs/memfs/fsm"
@@ -61,6 +62,7 @@ type Node struct {
 // returns once a member has admitted it, retrying until ctx ends.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	cfg.Raft = cfg.Raft.withDefaults()
+	cfg.Limits = cfg.Limits.withDefaults()
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
@@ -73,7 +75,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = time.Second
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), ready: newLeaderReady(), peers: newPeers(cfg.PeerDialer),
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), ready: newLeaderReady(), peers: newPeers(cfg.PeerDialer, cfg.TLS),
 		watchers: newWatchers()}
 	n.hlog = raftLogger(n.log, cfg.RaftLogLevel)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -182,7 +184,7 @@ func (n *Node) listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on api address: %w", err)
 	}
-	n.apiLis = lis
+	n.apiLis = newLimitListener(lis, n.cfg.Limits.MaxConns, n.cfg.Limits.MaxConnsPerHost)
 	n.apiAddr = lis.Addr().String()
 	if n.cfg.APIAdvertise != "" {
 		n.apiAddr = n.cfg.APIAdvertise
@@ -216,9 +218,14 @@ func (n *Node) openTransport() error {
 		adv = a
 	}
 	// raft's own TCP layer, with connections that count their bytes.
-	stream, err := newCountingTCPStream(n.cfg.RaftAddr, adv, &n.traffic)
+	counting, err := newCountingTCPStream(n.cfg.RaftAddr, adv, &n.traffic)
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
+	}
+	counting.lis = newLimitListener(counting.lis, n.cfg.Limits.MaxRaftConns, n.cfg.Limits.MaxRaftConnsPerHost)
+	var stream raft.StreamLayer = counting
+	if n.cfg.TLS != nil {
+		stream = newTLSStream(counting, n.cfg.TLS, n.cfg.Limits.HandshakeTimeout, n.log)
 	}
 	t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:          stream,
@@ -260,16 +267,22 @@ func (n *Node) startRaft(hasState bool) error {
 
 // serve starts the gRPC service on every listener.
 func (n *Node) serve() {
-	n.grpc = grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecvMsg),
 		// Clients ping every few seconds while they wait on a stream
 		// (client.keepaliveTime); the node pings idle clients so the
 		// Watch streams of vanished ones end.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.ChainUnaryInterceptor(n.recoverUnary),
-		grpc.ChainStreamInterceptor(n.recoverStream),
-	)
+		grpc.MaxConcurrentStreams(n.cfg.Limits.MaxStreams),
+		grpc.ConnectionTimeout(n.cfg.Limits.HandshakeTimeout),
+		grpc.ChainUnaryInterceptor(n.recoverUnary, n.authUnary),
+		grpc.ChainStreamInterceptor(n.recoverStream, n.authStream),
+	}
+	if n.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS.ServerConfig())))
+	}
+	n.grpc = grpc.NewServer(opts...)
 	pb.RegisterMemFSServer(n.grpc, &service{n: n})
 	for _, lis := range []net.Listener{n.apiLis, n.unixLis} {
 		if lis == nil {

@@ -7,9 +7,11 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/memoryfs/memfs/internal/tlsconf"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -22,13 +24,18 @@ const forwardedKey = "memfs-forwarded"
 // to the leader and for status fan-out.
 type peers struct {
 	dial   func(context.Context, string) (net.Conn, error) // nil: plain TCP
+	creds  credentials.TransportCredentials                // TLS between nodes, or insecure
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn // guarded by mu
 	closed bool                        // guarded by mu
 }
 
-func newPeers(dial func(context.Context, string) (net.Conn, error)) *peers {
-	return &peers{dial: dial, conns: map[string]*grpc.ClientConn{}}
+func newPeers(dial func(context.Context, string) (net.Conn, error), src *tlsconf.Source) *peers {
+	creds := insecure.NewCredentials()
+	if src != nil {
+		creds = credentials.NewTLS(src.PeerClientConfig())
+	}
+	return &peers{dial: dial, creds: creds, conns: map[string]*grpc.ClientConn{}}
 }
 
 var errPeersClosed = errors.New("node is shutting down")
@@ -42,7 +49,7 @@ func (p *peers) client(addr string) (pb.MemFSClient, error) {
 	if c, ok := p.conns[addr]; ok {
 		return pb.NewMemFSClient(c), nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg))}
 	if p.dial != nil {
 		opts = append(opts, grpc.WithContextDialer(p.dial))

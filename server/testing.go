@@ -11,7 +11,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/memoryfs/memfs/internal/pki"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -25,6 +29,14 @@ type ClusterOption func(*clusterSetup)
 type clusterSetup struct {
 	configure []func(i int, c *Config)
 	restart   []func(i int, c *Config)
+	tls       bool
+}
+
+// WithTLS runs the cluster over TLS: a CA, a certificate per node and an
+// "admin" client certificate are made in a temporary directory
+// (Cluster.CertDir), and Cluster.Client dials with the admin certificate.
+func WithTLS() ClusterOption {
+	return func(s *clusterSetup) { s.tls = true }
 }
 
 // WithNodeConfig adjusts each node's Config before its first start (i
@@ -60,6 +72,11 @@ type Cluster struct {
 	nodes []*Node  // nil for a stopped node; guarded by mu
 	cfgs  []Config // last config of each node; guarded by mu
 	conns map[string]*grpc.ClientConn
+
+	certDir string // WithTLS: the cluster's certificates
+	ca      *pki.Pair
+	tlsCtx  context.Context
+	stopTLS context.CancelFunc // ends the sources' Watch
 }
 
 // StartCluster starts n nodes on 127.0.0.1 with random ports and data dirs
@@ -71,6 +88,19 @@ func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	c := &Cluster{t: t, conns: map[string]*grpc.ClientConn{}}
 	for _, o := range opts {
 		o(&c.setup)
+	}
+	if c.setup.tls {
+		c.certDir = t.TempDir()
+		if err := pki.ClusterSetup(c.certDir, nil, nil); err != nil {
+			t.Fatalf("make certificates: %v", err)
+		}
+		ca, err := pki.LoadCA(c.certDir)
+		if err != nil {
+			t.Fatalf("load CA: %v", err)
+		}
+		c.ca = ca
+		ctx, cancel := context.WithCancel(context.Background())
+		c.tlsCtx, c.stopTLS = ctx, cancel
 	}
 	t.Cleanup(c.Shutdown)
 	c.startNode(0, nil)
@@ -99,6 +129,9 @@ func (c *Cluster) newConfig(i int) Config {
 	}
 	if cfg.RaftLogLevel == "" {
 		cfg.RaftLogLevel = "error" // joins and elections warn by design
+	}
+	if c.certDir != "" {
+		cfg.TLS = c.NodeTLS(id)
 	}
 	for _, f := range c.setup.configure {
 		f(i, &cfg)
@@ -281,6 +314,52 @@ func (c *Cluster) AddNode() int {
 	return i
 }
 
+// CertDir is the directory of the cluster's certificates (WithTLS), or "".
+func (c *Cluster) CertDir() string { return c.certDir }
+
+// CA is the cluster's CA (WithTLS), for tests that issue certificates.
+func (c *Cluster) CA() *pki.Pair { return c.ca }
+
+// NodeTLS issues (once) and loads the node certificate named id, valid
+// for 127.0.0.1 and localhost. The source reloads when the files change
+// (polled every 100 ms), so a test rotates certificates by rewriting them.
+func (c *Cluster) NodeTLS(id string) *tlsconf.Source {
+	c.t.Helper()
+	if _, err := os.Stat(pki.CertFile(c.certDir, id)); err != nil {
+		p, err := c.ca.Issue(pki.Request{Name: id, Role: pki.RoleNode, Hosts: []string{"127.0.0.1", "localhost"}})
+		if err != nil {
+			c.t.Fatalf("issue node certificate: %v", err)
+		}
+		if err := p.Write(c.certDir, id); err != nil {
+			c.t.Fatalf("write node certificate: %v", err)
+		}
+	}
+	src, err := tlsconf.Load(c.CertFiles(id), testLogger())
+	if err != nil {
+		c.t.Fatalf("load node certificate: %v", err)
+	}
+	go src.Watch(c.tlsCtx, 100*time.Millisecond)
+	return src
+}
+
+// ClientTLS loads the certificate name of CertDir ("admin" is always
+// there) for a client, reloading it when the files change.
+func (c *Cluster) ClientTLS(name string) *tlsconf.Source {
+	c.t.Helper()
+	src, err := tlsconf.Load(c.CertFiles(name), testLogger())
+	if err != nil {
+		c.t.Fatalf("load certificate %s: %v", name, err)
+	}
+	go src.Watch(c.tlsCtx, 100*time.Millisecond)
+	return src
+}
+
+// CertFiles names the CA and the certificate name in CertDir.
+func (c *Cluster) CertFiles(name string) tlsconf.Files {
+	return tlsconf.Files{CA: filepath.Join(c.certDir, pki.CAFile),
+		Cert: pki.CertFile(c.certDir, name), Key: pki.KeyFile(c.certDir, name)}
+}
+
 // Client returns a raw gRPC client of the node at addr (connections are
 // cached and closed at cleanup).
 func (c *Cluster) Client(addr string) pb.MemFSClient {
@@ -290,7 +369,11 @@ func (c *Cluster) Client(addr string) pb.MemFSClient {
 	conn, ok := c.conns[addr]
 	if !ok {
 		var err error
-		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds := insecure.NewCredentials()
+		if c.certDir != "" {
+			creds = credentials.NewTLS(c.ClientTLS("admin").ClientConfig())
+		}
+		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 		if err != nil {
 			c.t.Fatalf("dial %s: %v", addr, err)
@@ -303,6 +386,9 @@ func (c *Cluster) Client(addr string) pb.MemFSClient {
 // Shutdown stops every node (crash-like: fast, and graceful stops are
 // tested on their own) and closes the clients; t.Cleanup calls it.
 func (c *Cluster) Shutdown() {
+	if c.stopTLS != nil {
+		c.stopTLS()
+	}
 	c.mu.Lock()
 	nodes := append([]*Node(nil), c.nodes...)
 	for i := range c.nodes {

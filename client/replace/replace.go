@@ -58,10 +58,13 @@ type Options struct {
 	StepTimeout    time.Duration // bound of each RPC and each membership step (30 s)
 	Poll           time.Duration // progress interval (250 ms)
 
-	Dialer   client.Dialer  // how to reach a node (default client.DialAddr)
-	Progress func(Progress) // called on every poll during the catch-up (optional)
-	Note     func(string)   // called at each step (optional)
+	Dialer   client.Dialer   // how to reach a node (default client.DialAddr)
+	Security []client.Option // client.WithTLS and client.WithToken for the admin calls
+	Progress func(Progress)  // called on every poll during the catch-up (optional)
+	Note     func(string)    // called at each step (optional)
 }
+
+func (o *Options) net() Net { return Net{Dialer: o.Dialer, Security: o.Security} }
 
 func (o *Options) defaults() {
 	if o.MaxLag == 0 {

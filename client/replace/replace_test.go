@@ -86,7 +86,7 @@ func TestClusterStatusIsTheLeaders(t *testing.T) {
 	var st *pb.StatusResponse
 	require.Eventually(t, func() bool {
 		var err error
-		st, err = ClusterStatus(ctx, nil, []string{follower}, 5*time.Second)
+		st, err = ClusterStatus(ctx, Net{}, []string{follower}, 5*time.Second)
 		return err == nil && st.GetSelf().GetState() == "Leader"
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Equal(t, leader.ID(), st.GetSelf().GetId())

@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/memoryfs/memfs/client"
@@ -20,9 +19,15 @@ import (
 // errNoAnswer: every address was unavailable.
 var errNoAnswer = errors.New("no node answered")
 
-// Dial opens an admin connection to addr ("host:port" or "unix:///path")
-// through dial (nil: client.DialAddr).
-func Dial(addr string, dial client.Dialer) (*grpc.ClientConn, error) {
+// Net is how admin connections reach nodes.
+type Net struct {
+	Dialer   client.Dialer   // nil: client.DialAddr
+	Security []client.Option // client.WithTLS, client.WithToken
+}
+
+// Dial opens an admin connection to addr ("host:port" or "unix:///path").
+func Dial(addr string, n Net) (*grpc.ClientConn, error) {
+	dial := n.Dialer
 	if dial == nil {
 		dial = client.DialAddr
 	}
@@ -33,17 +38,16 @@ func Dial(addr string, dial client.Dialer) (*grpc.ClientConn, error) {
 	if strings.HasPrefix(addr, "unix:") {
 		authority = "localhost"
 	}
-	return grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	return grpc.NewClient("passthrough:///"+addr, append(client.DialOptions(n.Security...),
 		grpc.WithAuthority(authority),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, addr) }))
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, addr) }))...)
 }
 
 // CallAddrs runs fn against addrs in turn until one answers with anything
 // but UNAVAILABLE (or DEADLINE_EXCEEDED while ctx itself has time left: fn
 // may bound each attempt). When none does, the error lists each address's
 // reason.
-func CallAddrs(ctx context.Context, dial client.Dialer, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
+func CallAddrs(ctx context.Context, dial Net, addrs []string, fn func(context.Context, pb.MemFSClient) error) error {
 	var errs []error
 	for _, addr := range addrs {
 		conn, err := Dial(addr, dial)
@@ -68,7 +72,7 @@ func CallAddrs(ctx context.Context, dial client.Dialer, addrs []string, fn func(
 }
 
 // LocalStatus asks the node at addr for its own status.
-func LocalStatus(ctx context.Context, dial client.Dialer, addr string) (*pb.NodeStatus, error) {
+func LocalStatus(ctx context.Context, dial Net, addr string) (*pb.NodeStatus, error) {
 	conn, err := Dial(addr, dial)
 	if err != nil {
 		return nil, err
@@ -100,7 +104,7 @@ func FindNode(st *pb.StatusResponse, id string) *pb.NodeStatus {
 func (r *replacer) call(ctx context.Context, per time.Duration, fn func(context.Context, pb.MemFSClient) error) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
 	defer cancel()
-	return CallAddrs(ctx, r.opts.Dialer, r.opts.Cluster, func(ctx context.Context, c pb.MemFSClient) error {
+	return CallAddrs(ctx, r.opts.net(), r.opts.Cluster, func(ctx context.Context, c pb.MemFSClient) error {
 		ctx, cancel := context.WithTimeout(ctx, per)
 		defer cancel()
 		return fn(ctx, c)
@@ -116,7 +120,7 @@ const statusAttempt = 5 * time.Second
 func (r *replacer) clusterStatus(ctx context.Context) (*pb.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StepTimeout)
 	defer cancel()
-	st, err := ClusterStatus(ctx, r.opts.Dialer, r.opts.Cluster, min(statusAttempt, r.opts.StepTimeout))
+	st, err := ClusterStatus(ctx, r.opts.net(), r.opts.Cluster, min(statusAttempt, r.opts.StepTimeout))
 	if err == nil {
 		r.leaderAPI = st.LeaderApiAddr
 	}
@@ -128,7 +132,7 @@ func (r *replacer) clusterStatus(ctx context.Context) (*pb.StatusResponse, error
 // follower's view may hold a configuration change that is not committed
 // (and may yet be undone), so when a follower answered the leader is asked
 // too; its answer wins when it comes.
-func ClusterStatus(ctx context.Context, dial client.Dialer, addrs []string, attempt time.Duration) (*pb.StatusResponse, error) {
+func ClusterStatus(ctx context.Context, dial Net, addrs []string, attempt time.Duration) (*pb.StatusResponse, error) {
 	var st *pb.StatusResponse
 	ask := func(ctx context.Context, c pb.MemFSClient) error {
 		ctx, cancel := context.WithTimeout(ctx, attempt)
@@ -153,7 +157,7 @@ func ClusterStatus(ctx context.Context, dial client.Dialer, addrs []string, atte
 func (r *replacer) localStatus(ctx context.Context, addr string) (*pb.NodeStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(statusAttempt, r.opts.StepTimeout))
 	defer cancel()
-	return LocalStatus(ctx, r.opts.Dialer, addr)
+	return LocalStatus(ctx, r.opts.net(), addr)
 }
 
 // newNodeStatus is the new node's report on itself, asked directly (a

@@ -19,11 +19,15 @@ func newClient(cmd *cobra.Command, opts ...client.Option) (*client.Client, error
 		return nil, err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	opts = append([]client.Option{
+	sec, err := clientSecurity()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(append(sec,
 		client.WithRetryTimeout(timeoutFlag),
 		client.WithLogger(log),
-		client.WithName("memfs " + cmd.Name()),
-	}, opts...)
+		client.WithName("memfs "+cmd.Name()),
+	), opts...)
 	c, err := client.New(cmd.Context(), addrs, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to cluster: %w", err)

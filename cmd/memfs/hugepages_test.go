@@ -23,7 +23,7 @@ func TestServerUnderAddressSpaceLimit(t *testing.T) {
 	ports := freePorts(t, 2)
 	out := &syncBuffer{}
 	cmd := exec.Command("sh", "-c", `ulimit -v 4000000 && exec "$0" "$@"`, bin, "server",
-		"--id", "a", "--ephemeral", "--bootstrap", "--raft-addr", ports[0], "--api-addr", ports[1])
+		"--id", "a", "--ephemeral", "--bootstrap", "--raft-addr", ports[0], "--api-addr", ports[1], "--insecure")
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
@@ -49,7 +49,7 @@ func TestServerUnderAddressSpaceLimit(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool {
-		_, err := replace.LocalStatus(context.Background(), nil, ports[1])
+		_, err := replace.LocalStatus(context.Background(), replace.Net{}, ports[1])
 		return err == nil || exited()
 	}, 30*time.Second, 50*time.Millisecond, "the node never answered: %s", out)
 	require.False(t, exited(), "the node exited: %s", out)

@@ -328,15 +328,15 @@ func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
 	if upMountDir == "" {
 		return nil, nil
 	}
-	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Out)
+	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Security, c.Out)
 }
 
 // startUpMount mounts the cluster at addrs on dir and returns the function
 // that unmounts it.
-func startUpMount(ctx context.Context, dir string, addrs []string, out io.Writer) (func(), error) {
+func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer) (func(), error) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cl, err := client.New(sctx, addrs, client.WithName("memfs up --mount "+dir), client.WithCaps())
+	cl, err := client.New(sctx, addrs, append(sec, client.WithName("memfs up --mount "+dir), client.WithCaps())...)
 	if err != nil {
 		return nil, fmt.Errorf("mount: connect: %w", err)
 	}

@@ -226,7 +226,7 @@ func TestUpMount(t *testing.T) {
 	require.True(t, mounted(t, mnt))
 
 	require.NoError(t, os.WriteFile(filepath.Join(mnt, "readme"), []byte("hi"), 0o644))
-	got, _, code := memfsCmd(t, bin, p.cluster, "cat", "/readme")
+	got, _, code := memfsCmd(t, bin, p.cluster, append(upTLSFlags(filepath.Join(dir, "data")), "cat", "/readme")...)
 	require.Zero(t, code)
 	require.Equal(t, "hi", got)
 

@@ -77,11 +77,15 @@ is now; running the same command again resumes.`,
 		if err != nil {
 			return err
 		}
+		sec, err := clientSecurity()
+		if err != nil {
+			return err
+		}
 		// Only Ctrl-C bounds the whole command: the catch-up may take long.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		sum, err := runReplace(ctx, replace.Options{
-			Old: args[0], New: target, Cluster: addrs,
+			Old: args[0], New: target, Cluster: addrs, Security: sec,
 			MaxLag: replaceFlags.maxLag, Stable: replaceFlags.stable,
 			CatchUpTimeout: replaceFlags.catchUpTimeout, StepTimeout: timeoutFlag,
 		}, cmd.ErrOrStderr())

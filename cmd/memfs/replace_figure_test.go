@@ -46,7 +46,7 @@ func TestNodeReplaceLatencyFigure(t *testing.T) {
 				serverArgs = []string{"--snapshot-threshold", fmt.Sprint(snap), "--trailing-logs", fmt.Sprint(snap / 2),
 					"--snapshot-interval", "1s"}
 			}
-			p := startUp(t, bin, t.TempDir(), base, serverArgs...)
+			p := startUp(t, bin, t.TempDir(), base, false, serverArgs...)
 			st := waitStatus(t, bin, p)
 			old := "n2"
 			if which == "leader" {

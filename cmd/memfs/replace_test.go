@@ -46,7 +46,7 @@ func startSpareAt(t *testing.T, bin, id, raftAddr, apiAddr string) *spareNode {
 	t.Helper()
 	s := &spareNode{ID: id, RaftAddr: raftAddr, APIAddr: apiAddr, out: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "server", "--id", id, "--data", filepath.Join(t.TempDir(), id),
-		"--raft-addr", s.RaftAddr, "--api-addr", s.APIAddr, "--memory-limit", "1GiB")
+		"--raft-addr", s.RaftAddr, "--api-addr", s.APIAddr, "--memory-limit", "1GiB", "--insecure")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	require.NoError(t, s.cmd.Start())
 	go func() {
@@ -63,7 +63,7 @@ func startSpareAt(t *testing.T, bin, id, raftAddr, apiAddr string) *spareNode {
 		}
 	})
 	require.Eventually(t, func() bool {
-		_, err := replace.LocalStatus(context.Background(), nil, s.APIAddr)
+		_, err := replace.LocalStatus(context.Background(), replace.Net{}, s.APIAddr)
 		return err == nil
 	}, 30*time.Second, 50*time.Millisecond, "spare node never answered: %s", s.out)
 	require.Contains(t, s.out.String(), "waiting to be added")
@@ -267,7 +267,7 @@ func TestNodeReplaceUnderWriteLoad(t *testing.T) {
 			c.WaitApplied(top, 20*time.Second)
 			ref := c.Nodes()[0]
 			require.Eventually(t, func() bool {
-				self, err := replace.LocalStatus(ctx, nil, spare.APIAddr)
+				self, err := replace.LocalStatus(ctx, replace.Net{}, spare.APIAddr)
 				return err == nil && self.AppliedIndex >= ref.AppliedIndex() &&
 					self.LogicalBytes == ref.FSM().Stats().LogicalBytes
 			}, 20*time.Second, 20*time.Millisecond)
@@ -380,7 +380,7 @@ func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var st *pb.StatusResponse
-	require.NoError(t, replace.CallAddrs(ctx, nil, addrs, func(ctx context.Context, c pb.MemFSClient) error {
+	require.NoError(t, replace.CallAddrs(ctx, replace.Net{}, addrs, func(ctx context.Context, c pb.MemFSClient) error {
 		var err error
 		st, err = c.Status(ctx, &pb.StatusRequest{Version: pb.Version})
 		return err

@@ -23,6 +23,7 @@ import (
 
 	"github.com/memoryfs/memfs/internal/heapgoal"
 	"github.com/memoryfs/memfs/internal/hugepages"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -33,7 +34,9 @@ var serverFlags struct {
 	logStore, memoryLimit, chunkSize, metricsAddr, gcHeadroom      string
 	logLevel, logFormat, raftLogLevel                              string
 	tuning                                                         server.RaftTuning
-	readLease                                                      bool
+	readLease, insecure                                            bool
+	tlsPoll                                                        time.Duration
+	limits                                                         server.Limits
 }
 
 var serverCmd = &cobra.Command{
@@ -71,10 +74,19 @@ func init() {
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
 	f.BoolVar(&sf.readLease, "read-lease", true, "as leader, answer linearizable reads under a lease instead of a heartbeat round each; set alike on all nodes (docs/protocol.md)")
+	f.BoolVar(&sf.insecure, "insecure", false, "serve the API and Raft in plaintext without authentication (a warning is logged at every start); without it --ca, --cert and --key are required")
+	f.DurationVar(&sf.tlsPoll, "tls-reload-interval", 5*time.Second, "how often to look for changed --ca/--cert/--key files (SIGHUP reloads them at once)")
 	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and Go profiles at /debug/pprof/")
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
+	dl, l := server.DefaultLimits(), &sf.limits
+	f.IntVar(&l.MaxConns, "max-conns", dl.MaxConns, "open API connections; more are closed at once")
+	f.IntVar(&l.MaxConnsPerHost, "max-conns-per-host", dl.MaxConnsPerHost, "open API connections from one remote address")
+	f.IntVar(&l.MaxRaftConns, "max-raft-conns", dl.MaxRaftConns, "open Raft connections")
+	f.IntVar(&l.MaxRaftConnsPerHost, "max-raft-conns-per-host", dl.MaxRaftConnsPerHost, "open Raft connections from one remote address")
+	f.Uint32Var(&l.MaxStreams, "max-streams", dl.MaxStreams, "concurrent calls on one API connection")
+	f.DurationVar(&l.HandshakeTimeout, "handshake-timeout", dl.HandshakeTimeout, "time a new connection has for its TLS handshake and gRPC preface")
 	d := server.DefaultRaftTuning()
 	t := &sf.tuning
 	f.DurationVar(&t.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft follower timeout before an election")
@@ -121,6 +133,10 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			return usageError{fmt.Errorf("--chunk-size: %w", err)}
 		}
 	}
+	sec, err := serverTLS(logger)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := server.Config{
@@ -130,9 +146,13 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
 		MemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
 		DisableReadLease: !sf.readLease, Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
+		TLS: sec, Limits: sf.limits,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if sec != nil {
+		go reloadTLS(ctx, sec, sf.tlsPoll)
+	}
 	if sf.metricsAddr != "" {
 		if err := serveMetrics(ctx, sf.metricsAddr, reg, logger); err != nil {
 			return err
@@ -165,6 +185,50 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return node.Close(cctx)
+}
+
+// serverTLS loads the node's certificate, or returns nil with --insecure
+// after logging the warning an operator must see on every start.
+func serverTLS(log *slog.Logger) (*tlsconf.Source, error) {
+	files, err := tlsFiles()
+	if err != nil {
+		return nil, err
+	}
+	if serverFlags.insecure {
+		if files.CA != "" {
+			log.Warn("--insecure: ignoring --ca, --cert and --key (or MEMFS_CA, MEMFS_CERT, MEMFS_KEY)")
+		}
+		log.Warn("INSECURE: the API and Raft are served in plaintext and anyone who reaches the ports can read, change or delete every file and change the membership; run with --ca, --cert and --key (docs/security.md)")
+		return nil, nil
+	}
+	if files.CA == "" || files.Cert == "" {
+		return nil, usageError{errors.New("TLS is required: give --ca, --cert and --key (make them with `memfs cert`), or run with --insecure")}
+	}
+	src, err := tlsconf.Load(files, log)
+	if err != nil {
+		return nil, explainedError{fmt.Errorf("TLS files: %w", err)}
+	}
+	if leaf := src.Certificate(); !tlsconf.HasRole(leaf, tlsconf.NodeRole) {
+		return nil, explainedError{fmt.Errorf("%s is not a node certificate (its organizational unit is %q, want %q)",
+			files.Cert, leaf.Subject.OrganizationalUnit, tlsconf.NodeRole)}
+	}
+	return src, nil
+}
+
+// reloadTLS reloads the certificate files on SIGHUP and when they change.
+func reloadTLS(ctx context.Context, src *tlsconf.Source, poll time.Duration) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go src.Watch(ctx, poll)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			_ = src.Reload() // logs its outcome
+		}
+	}
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

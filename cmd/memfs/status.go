@@ -29,7 +29,11 @@ var statusCmd = &cobra.Command{
 		}
 		// The leader's view: a follower's may show a membership change
 		// that is not committed yet.
-		st, err := replace.ClusterStatus(ctx, nil, addrs, timeoutFlag)
+		an, err := adminNet()
+		if err != nil {
+			return err
+		}
+		st, err := replace.ClusterStatus(ctx, an, addrs, timeoutFlag)
 		if err != nil {
 			return err
 		}
@@ -188,7 +192,13 @@ func humanBytes(n uint64) string {
 
 // adminDial opens a raw gRPC connection to one node (the admin commands do
 // not need the client library's sessions and retries).
-func adminDial(addr string) (*grpc.ClientConn, error) { return replace.Dial(addr, nil) }
+func adminDial(addr string) (*grpc.ClientConn, error) {
+	n, err := adminNet()
+	if err != nil {
+		return nil, err
+	}
+	return replace.Dial(addr, n)
+}
 
 // callCluster runs fn against the --cluster nodes in turn until one
 // answers with anything but UNAVAILABLE.
@@ -197,5 +207,9 @@ func callCluster(ctx context.Context, fn func(context.Context, pb.MemFSClient) e
 	if err != nil {
 		return err
 	}
-	return replace.CallAddrs(ctx, nil, addrs, fn)
+	n, err := adminNet()
+	if err != nil {
+		return err
+	}
+	return replace.CallAddrs(ctx, n, addrs, fn)
 }

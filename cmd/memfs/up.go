@@ -15,6 +15,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/client/replace"
+	"github.com/memoryfs/memfs/internal/pki"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
@@ -26,6 +30,7 @@ var upFlags struct {
 	logStore    string
 	memoryLimit string
 	ephemeral   bool
+	insecure    bool
 	serverArgs  []string // after "--": passed to every node
 }
 
@@ -36,6 +41,10 @@ var upCmd = &cobra.Command{
 (node i serves the API on base-port+i and Raft on base-port+100+i), wait for
 a leader, and print what to try next. Ctrl-C stops every node. Data stays
 in --dir, so a second "memfs up" on the same dir finds the old files.
+The nodes speak TLS: the first run makes a CA, a certificate per node and
+an "admin" client certificate in DIR/tls (kept for later runs), and prints
+the MEMFS_CA, MEMFS_CERT and MEMFS_KEY settings the other commands need.
+--insecure runs them in plaintext without authentication instead.
 Flags after "--" go to every "memfs server", e.g.
   memfs up -- --snapshot-threshold 512 --trailing-logs 256`,
 	Args: func(cmd *cobra.Command, args []string) error {
@@ -55,6 +64,7 @@ func init() {
 	f.StringVar(&upFlags.logStore, "log-store", server.LogStoreBolt, "Raft log store of every node: bolt, wal or mem")
 	f.StringVar(&upFlags.memoryLimit, "memory-limit", "", "memory limit of every node (default: the server's)")
 	f.BoolVar(&upFlags.ephemeral, "ephemeral", false, "keep Raft state in memory (nothing persists)")
+	f.BoolVar(&upFlags.insecure, "insecure", false, "run the nodes in plaintext without authentication (a warning at every start)")
 	rootCmd.AddCommand(upCmd)
 }
 
@@ -72,6 +82,10 @@ type upCluster struct {
 	Dir   string
 	Nodes []*upNode
 	Out   io.Writer
+	// CertDir holds the TLS files ("" with --insecure); Security are the
+	// client options of its admin certificate.
+	CertDir  string
+	Security []client.Option
 
 	exits chan *upNode // each node once, when it exits
 }
@@ -146,6 +160,7 @@ func planUp(out io.Writer) (*upCluster, error) {
 		return nil, err
 	}
 	c := &upCluster{Dir: dir, Out: out, exits: make(chan *upNode, upFlags.nodes)}
+	var ids []string
 	for i := 1; i <= upFlags.nodes; i++ {
 		c.Nodes = append(c.Nodes, &upNode{
 			ID:       fmt.Sprintf("n%d", i),
@@ -154,8 +169,28 @@ func planUp(out io.Writer) (*upCluster, error) {
 			DataDir:  filepath.Join(dir, fmt.Sprintf("node%d", i)),
 			LogPath:  filepath.Join(dir, fmt.Sprintf("node%d.log", i)),
 		})
+		ids = append(ids, c.Nodes[i-1].ID)
 	}
+	if upFlags.insecure {
+		fmt.Fprintln(out, "WARNING: --insecure: the nodes serve plaintext without authentication; anyone who reaches their ports can read and change every file")
+		return c, nil
+	}
+	c.CertDir = filepath.Join(dir, "tls")
+	if err := pki.ClusterSetup(c.CertDir, ids, []string{"127.0.0.1", "localhost"}); err != nil {
+		return nil, fmt.Errorf("make the cluster's certificates in %s: %w", c.CertDir, err)
+	}
+	src, err := tlsconf.Load(c.files("admin"), nil)
+	if err != nil {
+		return nil, err
+	}
+	c.Security = []client.Option{client.WithTLS(src.ClientConfig())}
 	return c, nil
+}
+
+// files names the CA and certificate name in CertDir.
+func (c *upCluster) files(name string) tlsconf.Files {
+	return tlsconf.Files{CA: filepath.Join(c.CertDir, pki.CAFile),
+		Cert: pki.CertFile(c.CertDir, name), Key: pki.KeyFile(c.CertDir, name)}
 }
 
 // start launches every node as a child process of this executable.
@@ -182,6 +217,12 @@ func (c *upCluster) start() error {
 		}
 		if upFlags.ephemeral {
 			args = append(args, "--ephemeral")
+		}
+		if c.CertDir == "" {
+			args = append(args, "--insecure")
+		} else {
+			f := c.files(n.ID)
+			args = append(args, "--ca", f.CA, "--cert", f.Cert, "--key", f.Key)
 		}
 		if i == 0 && fresh {
 			args = append(args, "--bootstrap")
@@ -275,7 +316,7 @@ func (c *upCluster) allMembers(st *pb.StatusResponse) bool {
 func (c *upCluster) status(ctx context.Context) (*pb.StatusResponse, error) {
 	var errs []error
 	for _, addr := range c.APIAddrs() {
-		conn, err := adminDial(addr)
+		conn, err := replace.Dial(addr, replace.Net{Security: c.Security})
 		if err != nil {
 			return nil, err
 		}
@@ -307,6 +348,10 @@ func (c *upCluster) printNext() {
 	}
 	fmt.Fprintf(w, "\nTry, in another shell:\n")
 	fmt.Fprintf(w, "  export MEMFS_CLUSTER=%s\n", strings.Join(c.APIAddrs(), ","))
+	if c.CertDir != "" {
+		f := c.files("admin")
+		fmt.Fprintf(w, "  export MEMFS_CA=%s MEMFS_CERT=%s MEMFS_KEY=%s\n", f.CA, f.Cert, f.Key)
+	}
 	fmt.Fprintf(w, "  echo hello > /tmp/hello.txt\n")
 	fmt.Fprintf(w, "  %s put /tmp/hello.txt /hello.txt\n", me)
 	fmt.Fprintf(w, "  %s ls -l /\n", me)

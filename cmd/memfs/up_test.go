@@ -101,13 +101,27 @@ type upProcess struct {
 	done    chan struct{}
 	err     error
 	cluster string
+	sec     []string // --ca, --cert and --key of the admin certificate; none with --insecure
 }
 
-// startUp runs "memfs up" with 3 nodes; serverArgs go after "--".
-func startUp(t *testing.T, bin, dir string, base int, serverArgs ...string) *upProcess {
+// upTLSFlags are the client flags of the admin certificate `memfs up`
+// makes in dir.
+func upTLSFlags(dir string) []string {
+	tls := filepath.Join(dir, "tls")
+	return []string{"--ca", filepath.Join(tls, "ca.crt"), "--cert", filepath.Join(tls, "admin.crt"), "--key", filepath.Join(tls, "admin.key")}
+}
+
+// startUp runs "memfs up" with 3 nodes, over TLS as by default when
+// secure, else with --insecure; serverArgs go after "--".
+func startUp(t *testing.T, bin, dir string, base int, secure bool, serverArgs ...string) *upProcess {
 	t.Helper()
 	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
 	args := []string{"up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base)}
+	if secure {
+		p.sec = upTLSFlags(dir)
+	} else {
+		args = append(args, "--insecure")
+	}
 	if len(serverArgs) > 0 {
 		args = append(append(args, "--"), serverArgs...)
 	}
@@ -168,7 +182,7 @@ func waitStatus(t *testing.T, bin string, p *upProcess) statusJSONOf {
 			t.Fatalf("memfs up exited: %v\n%s", p.err, p.out.String())
 		default:
 		}
-		out, err := exec.Command(bin, "status", "--json", "--cluster", p.cluster, "--timeout", "3s").Output()
+		out, err := exec.Command(bin, append([]string{"status", "--json", "--cluster", p.cluster, "--timeout", "3s"}, p.sec...)...).Output()
 		if err == nil {
 			var st statusJSONOf
 			require.NoError(t, json.Unmarshal(out, &st), "%s", out)
@@ -201,7 +215,7 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	base := freeBasePort(t, 3)
 
-	p := startUp(t, bin, dir, base)
+	p := startUp(t, bin, dir, base, true)
 	st := waitStatus(t, bin, p)
 	leaders := 0
 	for i, n := range st.Nodes {
@@ -221,18 +235,45 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	require.NotNil(t, st.PhysicalBytes)
 	require.EqualValues(t, 1, *st.Inodes, "a new cluster holds the root only")
 	require.Contains(t, p.out.String(), "export MEMFS_CLUSTER="+p.cluster)
+	require.Contains(t, p.out.String(), "export MEMFS_CA="+p.sec[1]+" MEMFS_CERT="+p.sec[3]+" MEMFS_KEY="+p.sec[5])
+
+	// Without the CA a command cannot reach the TLS cluster, and says so.
+	out, err := exec.Command(bin, "--cluster", p.cluster, "--timeout", "3s", "ls", "/").CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "memfs: ")
 
 	// A file put through the cluster reads back, and counts in the status.
 	local := filepath.Join(t.TempDir(), "hello.txt")
 	require.NoError(t, os.WriteFile(local, []byte("hello, memfs\n"), 0o644))
-	runOK(t, bin, "--cluster", p.cluster, "put", local, "/hello.txt")
-	require.Equal(t, "hello, memfs\n", runOK(t, bin, "--cluster", p.cluster, "cat", "/hello.txt"))
+	runOK(t, bin, append(p.sec, "--cluster", p.cluster, "put", local, "/hello.txt")...)
+	require.Equal(t, "hello, memfs\n", runOK(t, bin, append(p.sec, "--cluster", p.cluster, "cat", "/hello.txt")...))
+	// A token made by the admin works in place of a certificate, with its
+	// role, until it is revoked.
+	tokFile := filepath.Join(t.TempDir(), "reader.token")
+	out = []byte(runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "create", "--role", "read", "--name", "test", "--out", tokFile)...))
+	require.Contains(t, string(out), "written to "+tokFile)
+	id := strings.Fields(string(out))[1]
+	withToken := []string{"--ca", p.sec[1], "--token-file", tokFile, "--cluster", p.cluster, "--timeout", "10s"}
+	require.Eventually(t, func() bool {
+		out, err := exec.Command(bin, append(withToken, "cat", "/hello.txt")...).Output()
+		return err == nil && string(out) == "hello, memfs\n"
+	}, 30*time.Second, 100*time.Millisecond)
+	out, err = exec.Command(bin, append(withToken, "put", local, "/by-reader.txt")...).CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "needs role write")
+	require.Contains(t, runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "list")...), id)
+	require.Contains(t, runOK(t, bin, append(p.sec, "--cluster", p.cluster, "token", "revoke", id)...), "revoked token "+id)
+	require.Eventually(t, func() bool {
+		out, err := exec.Command(bin, append(withToken, "cat", "/hello.txt")...).CombinedOutput()
+		return err != nil && strings.Contains(string(out), "unknown or revoked token")
+	}, 30*time.Second, 100*time.Millisecond)
+
 	// Status reports the answering node's state, which may lag a moment.
 	require.Eventually(t, func() bool { return *waitStatus(t, bin, p).LogicalBytes == 13 },
 		30*time.Second, 100*time.Millisecond)
 
 	// The readable table names every node.
-	table, err := exec.Command(bin, "status", "--cluster", p.cluster).Output()
+	table, err := exec.Command(bin, append(p.sec, "status", "--cluster", p.cluster)...).Output()
 	require.NoError(t, err)
 	for _, id := range []string{"n1", "n2", "n3"} {
 		require.Contains(t, string(table), id)
@@ -246,9 +287,9 @@ func TestUpStatusEndToEnd(t *testing.T) {
 
 	// A second run on the same dir finds the old cluster and its files
 	// (no new bootstrap).
-	p = startUp(t, bin, dir, base)
+	p = startUp(t, bin, dir, base, true)
 	waitStatus(t, bin, p)
-	require.Equal(t, "hello, memfs\n", runOK(t, bin, "--cluster", p.cluster, "cat", "/hello.txt"))
+	require.Equal(t, "hello, memfs\n", runOK(t, bin, append(p.sec, "--cluster", p.cluster, "cat", "/hello.txt")...))
 	p.stop(t)
 	log, err := os.ReadFile(filepath.Join(dir, "node1.log"))
 	require.NoError(t, err)

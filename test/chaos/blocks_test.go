@@ -63,7 +63,7 @@ func TestCorruptBlockOnDiskRepairedUnderFaults(t *testing.T) {
 		c.Net.SetDefault(workload.DefaultLossy)
 		require.NoError(t, c.Restart(victim))
 		require.Eventually(t, func() bool {
-			st, err := replace.LocalStatus(ctx, c.Dialer("admin"), c.APIAddr(victim))
+			st, err := replace.LocalStatus(ctx, replace.Net{Dialer: c.Dialer("admin")}, c.APIAddr(victim))
 			return err == nil && st.SyncCorruptBlocks >= 1
 		}, 60*time.Second, 100*time.Millisecond, "the corrupt block was never noticed")
 	})

@@ -157,7 +157,7 @@ func (c *Cluster) newProc(i int, extra []string) (*proc, error) {
 		logPath: filepath.Join(c.dir, id+".log")}
 	p.args = append([]string{"server", "--id", id, "--data", p.dataDir,
 		"--raft-addr", raftAddr, "--raft-advertise", px.Addr(), "--api-addr", apiAddr,
-		"--log-level", "warn", "--raft-log-level", "off"}, extra...)
+		"--log-level", "warn", "--raft-log-level", "off", "--insecure"}, extra...)
 	p.ctl, err = grpc.NewClient(apiAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	return p, err
 }

@@ -1,0 +1,67 @@
+package fsm_test
+
+import (
+	"bytes"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/fsm"
+	ft "github.com/memoryfs/memfs/fsm/fsmtest"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+func TestSessionOwner(t *testing.T) {
+	h := ft.New(t, fsm.Config{ChunkSize: cs})
+	open := func(owner string) uint64 {
+		r := h.Must(&pb.Command{Owner: owner, Op: &pb.Command_OpenSession{OpenSession: &pb.OpenSessionCmd{LeaseMs: 60_000}}})
+		return r.Session
+	}
+	mine, anyone := open("cert:alice"), open("")
+	h.Must(&pb.Command{Op: &pb.Command_ReserveInodes{ReserveInodes: &pb.ReserveInodesCmd{Count: 4}}, Session: anyone, Seq: 1})
+	cmd := func(owner string, sess, seq uint64, path string) *pb.Command {
+		c := ft.Mkdir(path, 0o755)
+		c.Owner, c.Session, c.Seq = owner, sess, seq
+		return c
+	}
+	cases := []struct {
+		name string
+		cmd  *pb.Command
+		want syscall.Errno
+	}{
+		{"owner", cmd("cert:alice", mine, 1, "/a"), 0},
+		{"owner's retry", cmd("cert:alice", mine, 1, "/a"), 0},
+		{"another owner replays", cmd("cert:mallory", mine, 1, "/a"), syscall.EPERM},
+		{"another owner, new seq", cmd("cert:mallory", mine, 2, "/m"), syscall.EPERM},
+		{"no owner in an owned session", cmd("", mine, 3, "/m"), syscall.EPERM},
+		{"an owner in an unowned session", cmd("cert:alice", anyone, 2, "/m"), syscall.EPERM},
+		{"unowned session, unowned command", cmd("", anyone, 3, "/b"), 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.Do(tc.cmd)
+			require.Equal(t, uint32(tc.want), r.Errno, r.Message)
+		})
+	}
+	require.Equal(t, uint32(syscall.ENOENT), h.F.Query(ft.StatLoc(ft.Path("/m"))).Errno, "no refused command changed the tree")
+
+	// The owner survives a snapshot, which writes back the same bytes.
+	var snap bytes.Buffer
+	_, err := h.F.Snapshot().WriteTo(&snap)
+	require.NoError(t, err)
+	g, err := fsm.New(fsm.Config{})
+	require.NoError(t, err)
+	require.NoError(t, g.Restore(bytes.NewReader(snap.Bytes())))
+	var again bytes.Buffer
+	_, err = g.Snapshot().WriteTo(&again)
+	require.NoError(t, err)
+	require.Equal(t, snap.Bytes(), again.Bytes())
+	r := g.Apply(100, ft.Entry(ft.Start+int64(1e9), cmd("cert:mallory", mine, 4, "/m")))
+	require.Equal(t, uint32(syscall.EPERM), r[0].Errno)
+
+	if os.Getenv("MEMFS_WRITE_SEEDS") != "" {
+		writeSeed(t, "FuzzRestore", "session-owner", snap.Bytes())
+	}
+}
