@@ -3,6 +3,7 @@ package server
 import (
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,7 +15,7 @@ import (
 // has its own set (several nodes may share a process in tests); a node
 // label tells them apart when they share a registry.
 type metrics struct {
-	applyLatency  prometheus.Histogram
+	applyLatency  *prometheus.HistogramVec
 	recallWait    prometheus.Histogram
 	batchCommands prometheus.Histogram
 	batchBytes    prometheus.Histogram
@@ -45,9 +46,9 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 			Name: o.Name, Help: o.Help, ConstLabels: o.ConstLabels, Buckets: buckets}
 	}
 	m := &metrics{
-		applyLatency: prometheus.NewHistogram(hist("apply_duration_seconds",
-			"Time from a command reaching the leader's batcher to its result.",
-			prometheus.ExponentialBuckets(0.0005, 2, 16))),
+		applyLatency: prometheus.NewHistogramVec(hist("apply_duration_seconds",
+			"Time from a command reaching the leader's batcher to its result, by command type.",
+			prometheus.ExponentialBuckets(0.0005, 2, 16)), []string{"type"}),
 		recallWait: prometheus.NewHistogram(hist("recall_wait_seconds",
 			"Time a command waited for other sessions' capabilities to be released or revoked.",
 			prometheus.ExponentialBuckets(0.0005, 2, 16))),
@@ -142,6 +143,8 @@ func (m *metrics) setRaftState(s raft.RaftState) {
 	}
 }
 
-func (m *metrics) countCommand(typ string, errno uint32) {
+// commandDone counts one command's result and the time since start.
+func (m *metrics) commandDone(typ string, errno uint32, took time.Duration) {
 	m.commands.WithLabelValues(typ, strconv.FormatUint(uint64(errno), 10)).Inc()
+	m.applyLatency.WithLabelValues(typ).Observe(took.Seconds())
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -132,8 +133,10 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// The operator endpoints answer from the start (a joining node may
-	// wait long in server.New); until the node exists it is not ready.
+	// wait long in server.New); until the node exists it is not ready and
+	// has no page.
 	var running atomic.Pointer[server.Node]
+	var page atomic.Pointer[opsweb.Page]
 	if sf.metricsAddr != "" {
 		ready := func() error {
 			if n := running.Load(); n != nil {
@@ -141,7 +144,15 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			}
 			return fmt.Errorf("%w: starting", server.ErrNotReady)
 		}
-		h := opsweb.Handler(opsweb.Options{Registry: reg, Ready: ready})
+		pageOrWait := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p := page.Load(); p != nil {
+				p.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "the node is starting; this page will be here once it runs", http.StatusServiceUnavailable)
+		})
+		h := opsweb.Handler(opsweb.Options{Registry: reg, Ready: ready, Page: pageOrWait})
 		if _, err := opsweb.Serve(ctx, sf.metricsAddr, h, logger); err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
@@ -161,6 +172,9 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	running.Store(node)
+	if sf.metricsAddr != "" {
+		page.Store(opsweb.NewPage(ctx, node, reg, logger))
+	}
 	if waiting {
 		// A node without state and without --join is a spare: the cluster
 		// adds it (memfs node replace), and Raft then sends it everything.

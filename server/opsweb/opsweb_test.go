@@ -25,15 +25,21 @@ func serveNode(t *testing.T, n *server.Node) string {
 	return strings.TrimPrefix(srv.URL, "http://")
 }
 
+// readAll reads and closes resp's body.
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
 // get returns the status code and body of addr's path.
 func get(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + path)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, readAll(t, resp)
 }
 
 func TestReadyzFollowsTheCluster(t *testing.T) {
