@@ -34,7 +34,8 @@ const (
 	metricsSubsystem = "server"
 )
 
-func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
+// newMetrics declares them; applied reads the node's applied index.
+func newMetrics(nodeID string, stats func() fsm.Stats, applied func() uint64, tr *traffic) *metrics {
 	labels := prometheus.Labels{"node": nodeID}
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
@@ -79,8 +80,12 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 		m.collectors = append(m.collectors, prometheus.NewGaugeFunc(
 			prometheus.GaugeOpts(opts(name, help)), func() float64 { return f(stats()) }))
 	}
-	gauge("fsm_applied_index", "Last log index applied to the state machine.",
-		func(s fsm.Stats) float64 { return float64(s.AppliedIndex) })
+	// The node's index, not the state machine's: the state machine sees
+	// only file system entries, so on a cluster nobody wrote to yet it
+	// would read 0 while memfs status shows the configuration entries.
+	m.collectors = append(m.collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("fsm_applied_index",
+		"Last Raft log index this node has applied (file system, metadata and configuration entries alike).")),
+		func() float64 { return float64(applied()) }))
 	gauge("fsm_inodes", "Inodes in use.", func(s fsm.Stats) float64 { return float64(s.Inodes) })
 	gauge("fsm_logical_bytes", "Sum of regular file sizes.",
 		func(s fsm.Stats) float64 { return float64(s.LogicalBytes) })

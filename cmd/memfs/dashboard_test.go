@@ -166,6 +166,10 @@ func TestGrafanaDashboardSeriesExist(t *testing.T) {
 	all := map[string]*dto.MetricFamily{}
 	for i := 1; i <= 3; i++ {
 		fams := scrape(t, fmt.Sprintf("127.0.0.1:%d", base+200+i))
+		// The node's applied index, as memfs status shows it, not only
+		// the file system entries' (a new cluster has applied several).
+		applied := fams["memfs_server_fsm_applied_index"].GetMetric()[0].GetGauge().GetValue()
+		require.GreaterOrEqual(t, applied, float64(st.Nodes[i-1].AppliedIndex), "node %d", i)
 		series.add(fams)
 		mergeFamilies(all, fams)
 	}
