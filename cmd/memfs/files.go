@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/internal/progress"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -229,6 +230,7 @@ interrupted copy leaves REMOTE as it was.`,
 	RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
 		local, remote := args[0], args[1]
 		var in io.Reader = cmd.InOrStdin()
+		size := int64(-1)
 		if local != "-" {
 			f, err := os.Open(local)
 			if err != nil {
@@ -236,11 +238,15 @@ interrupted copy leaves REMOTE as it was.`,
 			}
 			defer f.Close()
 			in = f
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+				size = fi.Size()
+			}
 			if fi, err := c.Stat(remote); err == nil && fi.IsDir() {
 				remote = path.Join(remote, path.Base(local))
 			}
 		}
-		return putStream(ctx, c, in, remote)
+		bar := progress.Bytes(cmd.ErrOrStderr(), size, "put "+remote, quietFlag)
+		return putStream(ctx, c, in, remote, bar)
 	}),
 }
 
@@ -261,7 +267,9 @@ or interrupted copy leaves LOCAL as it was.`,
 		if fi, err := os.Stat(local); err == nil && fi.IsDir() {
 			local = filepath.Join(local, path.Base(remote))
 		}
-		return getFile(ctx, c, remote, local)
+		return getFile(ctx, c, remote, local, func(size int64) *progress.Bar {
+			return progress.Bytes(cmd.ErrOrStderr(), size, "get "+remote, quietFlag)
+		})
 	}),
 }
 

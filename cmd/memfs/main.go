@@ -37,6 +37,7 @@ file commands against it.`,
 var (
 	clusterFlag string
 	timeoutFlag time.Duration
+	quietFlag   bool
 )
 
 func init() {
@@ -48,6 +49,8 @@ func init() {
 		"comma-separated API addresses of cluster nodes (env MEMFS_CLUSTER)")
 	rootCmd.PersistentFlags().DurationVar(&timeoutFlag, "timeout", 30*time.Second,
 		"give up on an operation the cluster has not answered after this long (a transfer lasts as long as its pieces keep being answered)")
+	rootCmd.PersistentFlags().BoolVarP(&quietFlag, "quiet", "q", false,
+		"no progress bars (they are drawn only on a terminal anyway)")
 	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 }
 

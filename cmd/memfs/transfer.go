@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/internal/progress"
 )
 
 // Copies in both directions go to a temporary name beside the target and
@@ -36,9 +37,9 @@ func tempName(target, kind string) string {
 }
 
 // putStream copies in to the remote file target through a temporary file
-// that is renamed over target once everything is written. An existing
-// target keeps its permission bits.
-func putStream(ctx context.Context, c *client.Client, in io.Reader, target string) (err error) {
+// that is renamed over target once everything is written, counting the
+// bytes on bar. An existing target keeps its permission bits.
+func putStream(ctx context.Context, c *client.Client, in io.Reader, target string, bar *progress.Bar) (err error) {
 	perm := fs.FileMode(0o644)
 	if fi, err := c.Stat(target); err == nil {
 		if fi.IsDir() {
@@ -53,8 +54,10 @@ func putStream(ctx context.Context, c *client.Client, in io.Reader, target strin
 	}
 	defer func() {
 		if err == nil {
+			bar.Finish()
 			return
 		}
+		bar.Stop()
 		_ = out.Close()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
@@ -62,7 +65,7 @@ func putStream(ctx context.Context, c *client.Client, in io.Reader, target strin
 			err = fmt.Errorf("%w (and %s is left behind: %v)", err, tmp, rerr)
 		}
 	}()
-	if _, err := io.CopyBuffer(onlyWriter{out}, onlyReader{in}, make([]byte, copyBuf)); err != nil {
+	if _, err := io.CopyBuffer(onlyWriter{out}, io.TeeReader(in, bar), make([]byte, copyBuf)); err != nil {
 		return copyError(ctx, err)
 	}
 	if err := out.Close(); err != nil {
@@ -73,9 +76,10 @@ func putStream(ctx context.Context, c *client.Client, in io.Reader, target strin
 
 // getFile copies the remote file name to the local file target through a
 // temporary file in target's directory, synced and renamed over target
-// once complete. An existing target keeps its permission bits; a new one
+// once complete, counting the bytes on a bar made by newBar with the
+// file's size. An existing target keeps its permission bits; a new one
 // gets 0666 less the umask, as a file made by a shell redirection.
-func getFile(ctx context.Context, c *client.Client, name, target string) (err error) {
+func getFile(ctx context.Context, c *client.Client, name, target string, newBar func(size int64) *progress.Bar) (err error) {
 	perm := 0o666 &^ fs.FileMode(umask())
 	if fi, err := os.Stat(target); err == nil {
 		if fi.IsDir() {
@@ -97,13 +101,21 @@ func getFile(ctx context.Context, c *client.Client, name, target string) (err er
 	if err != nil {
 		return namePath(err, target)
 	}
+	size := int64(-1)
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
+	}
+	bar := newBar(size)
 	defer func() {
 		if err != nil {
+			bar.Stop()
 			_ = tmp.Close()
 			_ = os.Remove(tmp.Name())
+			return
 		}
+		bar.Finish()
 	}()
-	if _, err := io.CopyBuffer(onlyWriter{tmp}, onlyReader{f}, make([]byte, copyBuf)); err != nil {
+	if _, err := io.CopyBuffer(onlyWriter{tmp}, io.TeeReader(f, bar), make([]byte, copyBuf)); err != nil {
 		return copyError(ctx, err)
 	}
 	if err := f.Close(); err != nil {
