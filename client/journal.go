@@ -59,6 +59,7 @@ type Journal struct {
 	stopped  chan struct{}
 
 	batches, committed, failed atomic.Int64
+	flushNanos                 atomic.Int64 // time spent sending batches, all of them
 }
 
 // JournalOptions bound how long and how much a journal buffers before it
@@ -230,6 +231,18 @@ func (j *Journal) Stats() (batches, committed, failed int64) {
 	return j.batches.Load(), j.committed.Load(), j.failed.Load()
 }
 
+// Depth is the number of operations appended and not yet committed or
+// lost: what a crash of this client now would lose.
+func (j *Journal) Depth() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return int64(j.appended - j.done)
+}
+
+// FlushTime is the time spent sending batches until the cluster answered,
+// summed over every batch Stats counts (retries included).
+func (j *Journal) FlushTime() time.Duration { return time.Duration(j.flushNanos.Load()) }
+
 // Close commits what is buffered and stops the journal.
 func (j *Journal) Close(ctx context.Context) error {
 	err := j.Sync(ctx)
@@ -338,7 +351,9 @@ func (j *Journal) send(ctx context.Context, ops []Buffered) ([]*pb.Result, error
 		b.Fences = append(b.Fences, &pb.CapRef{Ino: ino, Epoch: epoch})
 	}
 	j.batches.Add(1)
+	start := time.Now()
 	res, err := j.c.k.apply(ctx, &pb.Command{Op: &pb.Command_Batch{Batch: b}}, 0)
+	j.flushNanos.Add(int64(time.Since(start)))
 	if err != nil {
 		return nil, fmt.Errorf("batch of %d: %w", len(ops), err)
 	}

@@ -4,7 +4,9 @@
 # client fusermount3, its libraries and busybox staged from this host.
 #
 # Env: MEMFS_TAG (image tag, default latest), GO (go command), MEMFS_BIN (a
-# prebuilt static memfs to package instead of building one).
+# prebuilt static memfs to package instead of building one),
+# MEMFS_PROMETHEUS=1 (also memfs-prometheus, for the compose profile
+# "prometheus": stage-prometheus.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,9 +36,15 @@ fi
 install -m 0755 "$here/client/memfs-client" "$here/client/workload.sh" "$here/client/verify.sh" \
 	"$ctx/client-rootfs/usr/local/bin/"
 
+imgs=(server client)
+if [ "${MEMFS_PROMETHEUS:-}" = 1 ]; then
+	"$here/stage-prometheus.sh" "$ctx/prometheus-rootfs"
+	imgs+=(prometheus)
+fi
+
 rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git -C "$repo" diff --quiet HEAD 2>/dev/null; then rev=$rev-dirty; fi
-for img in server client; do
+for img in "${imgs[@]}"; do
 	echo "build-image: memfs-$img:$tag" >&2
 	# The legacy builder warns on stderr at every build; show it only on failure.
 	if ! docker build -q --build-arg REVISION="$rev" -f "$here/Dockerfile.$img" -t "memfs-$img:$tag" "$ctx" >"$ctx/build-$img.log" 2>&1; then
@@ -45,7 +53,7 @@ for img in server client; do
 	fi
 done
 # Rebuilds leave the previous images untagged; drop those (ours only).
-for img in server client; do
+for img in "${imgs[@]}"; do
 	docker image prune -f --filter "label=org.opencontainers.image.title=memfs-$img" >/dev/null
 done
-docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E "^memfs-(server|client):$tag " >&2
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E "^memfs-(server|client|prometheus):$tag " >&2

@@ -273,6 +273,16 @@ for n in 1 2 3; do
 		abort "no memfs_ metrics on 127.0.0.1:${MEMFS_PORT_PREFIX}10$n"
 done
 pass "metrics served on every node"
+# The compose healthcheck asks each node's /readyz (memfs health).
+health_of() { bounded 30 docker inspect -f '{{.State.Health.Status}}' "$(cid "$1")" 2>/dev/null; }
+for n in "${nodes[@]}"; do
+	t0=$SECONDS
+	until [ "$(health_of "$n")" = healthy ]; do
+		[ $((SECONDS - t0)) -lt 60 ] || abort "$n not healthy after 60s: $(health_of "$n")"
+		sleep 1
+	done
+done
+pass "every node healthy (its /readyz)"
 # The cluster runs TLS with the certificates its init service made: the
 # host's commands use the admin certificate, copied out of the client.
 rm -rf "$logdir/certs"

@@ -32,27 +32,9 @@ rm -rf "$rootfs"
 mkdir -p "$rootfs"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,tmp,mnt/memfs,state,proc,sys,dev}
 chmod 1777 "$rootfs/tmp"
 
-# Copy a file to the same path under rootfs, following symlinks, and keep
-# the symlink name too (ld-linux is reached through /lib64).
-stage_file() {
-	local src=$1 real
-	real=$(readlink -f "$src")
-	mkdir -p "$rootfs$(dirname "$real")"
-	cp -p "$real" "$rootfs$real"
-	if [ "$src" != "$real" ]; then
-		mkdir -p "$rootfs$(dirname "$src")"
-		ln -sfn "$real" "$rootfs$src"
-	fi
-}
-
-stage_file /usr/bin/fusermount3
-# ldd prints "name => /path (addr)" or "/path (addr)"; vdso has no path.
-ldd /usr/bin/fusermount3 | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i}' |
-	while read -r lib; do stage_file "$lib"; done
-# /lib64 and /lib may be symlinks into /usr on merged-/usr hosts.
-for d in /lib64 /lib; do
-	if [ -L "$d" ] && [ ! -e "$rootfs$d" ]; then ln -sfn "$(readlink "$d")" "$rootfs$d"; fi
-done
+. "$(dirname "$0")/stage-lib.sh"
+stage_file "$rootfs" /usr/bin/fusermount3
+stage_libs "$rootfs" /usr/bin/fusermount3
 
 cp /bin/busybox "$rootfs/bin/busybox"
 # One symlink per applet, as `busybox --install -s` would make them, but

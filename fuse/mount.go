@@ -34,11 +34,13 @@ import (
 	"time"
 
 	bfuse "bazil.org/fuse"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/fuse/bazilfs"
 	"github.com/memoryfs/memfs/fuse/fsops"
 	"github.com/memoryfs/memfs/fuse/gofusefs"
+	"github.com/memoryfs/memfs/fuse/mountmetrics"
 )
 
 // The FUSE bindings a mount can be served with (Options.Binding).
@@ -122,6 +124,9 @@ type Options struct {
 	// Debug, if set, receives a trace line for every FUSE request and
 	// reply.
 	Debug func(msg any)
+	// Metrics, if set, receives the mount's metrics (fuse/mountmetrics):
+	// every operation is then timed and counted.
+	Metrics prometheus.Registerer
 }
 
 // binding is one FUSE library serving a mount.
@@ -177,7 +182,15 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache,
 		Relatime: opt.Atime == AtimeRelative, Buffered: !opt.Sync, Journal: opt.Journal,
 		KernelChecksData: opt.Binding != BindingBazil})
-	srv, err := mountBinding(real, ops, opt)
+	var served fsops.Ops = ops
+	if opt.Metrics != nil {
+		mm := mountmetrics.New(ops.Stats)
+		if err := opt.Metrics.Register(mm); err != nil {
+			return nil, fmt.Errorf("mount metrics: %w", err)
+		}
+		served = mm.Wrap(ops)
+	}
+	srv, err := mountBinding(real, ops, served, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -238,9 +251,10 @@ func covered(ops *fsops.ClientOps) func(uint64) time.Duration {
 }
 
 // mountBinding mounts dir with the binding opt names (checked by Mount).
-func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error) {
+// mountBinding serves served (ops itself, or ops measured) on dir.
+func mountBinding(dir string, ops *fsops.ClientOps, served fsops.Ops, opt Options) (binding, error) {
 	if opt.Binding == BindingGoFuse || opt.Binding == "" {
-		gfs, err := gofusefs.Mount(dir, ops, gofusefs.Config{
+		gfs, err := gofusefs.Mount(dir, served, gofusefs.Config{
 			AttrTimeout: opt.AttrTimeout, Covered: covered(ops), Watching: ops.Watching,
 			FSName: fsName(opt), AllowOther: opt.AllowOther, WritebackCache: opt.WritebackCache,
 			LocalLocks:   opt.LocalLocks,
@@ -252,7 +266,7 @@ func mountBinding(dir string, ops *fsops.ClientOps, opt Options) (binding, error
 		}
 		return &gofuseServer{gfs}, nil
 	}
-	bfs := bazilfs.New(ops, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Covered: covered(ops), Debug: opt.Debug})
+	bfs := bazilfs.New(served, bazilfs.Config{AttrTimeout: opt.AttrTimeout, EntryTimeout: opt.AttrTimeout, Covered: covered(ops), Debug: opt.Debug})
 	conn, err := bfuse.Mount(dir, mountOptions(opt)...)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)

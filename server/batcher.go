@@ -269,8 +269,7 @@ func (b *batcher) finishResults(batch []*applyReq, results []*pb.Result, index u
 		if res == nil {
 			res = &pb.Result{}
 		}
-		b.metrics.countCommand(commandType(r.cmd), res.GetErrno())
-		b.metrics.applyLatency.Observe(now.Sub(r.start).Seconds())
+		b.metrics.commandDone(commandType(r.cmd), res.GetErrno(), now.Sub(r.start))
 		r.done <- applyOutcome{result: res, index: index}
 	}
 }

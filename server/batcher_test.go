@@ -119,7 +119,7 @@ func heldBatcher(tun RaftTuning) (*heldRaft, *batcher) {
 // the test calls write, if holdWrites.
 func heldBatcherWrites(tun RaftTuning, holdWrites bool) (*heldRaft, *batcher) {
 	h := &heldRaft{watch: newStoreWatch(), holdWrites: holdWrites, added: make(chan struct{}, 100)}
-	m := newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, &traffic{})
+	m := newMetrics("t", func() fsm.Stats { return fsm.Stats{} }, func() uint64 { return 0 }, &traffic{})
 	b := newBatcherFunc(h.apply, time.Now, tun, m, 0, h.watch)
 	go b.run()
 	return h, b

@@ -3,6 +3,7 @@ package server
 import (
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,7 +15,7 @@ import (
 // has its own set (several nodes may share a process in tests); a node
 // label tells them apart when they share a registry.
 type metrics struct {
-	applyLatency  prometheus.Histogram
+	applyLatency  *prometheus.HistogramVec
 	recallWait    prometheus.Histogram
 	batchCommands prometheus.Histogram
 	batchBytes    prometheus.Histogram
@@ -33,7 +34,8 @@ const (
 	metricsSubsystem = "server"
 )
 
-func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
+// newMetrics declares them; applied reads the node's applied index.
+func newMetrics(nodeID string, stats func() fsm.Stats, applied func() uint64, tr *traffic) *metrics {
 	labels := prometheus.Labels{"node": nodeID}
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
@@ -45,9 +47,9 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 			Name: o.Name, Help: o.Help, ConstLabels: o.ConstLabels, Buckets: buckets}
 	}
 	m := &metrics{
-		applyLatency: prometheus.NewHistogram(hist("apply_duration_seconds",
-			"Time from a command reaching the leader's batcher to its result.",
-			prometheus.ExponentialBuckets(0.0005, 2, 16))),
+		applyLatency: prometheus.NewHistogramVec(hist("apply_duration_seconds",
+			"Time from a command reaching the leader's batcher to its result, by command type.",
+			prometheus.ExponentialBuckets(0.0005, 2, 16)), []string{"type"}),
 		recallWait: prometheus.NewHistogram(hist("recall_wait_seconds",
 			"Time a command waited for other sessions' capabilities to be released or revoked.",
 			prometheus.ExponentialBuckets(0.0005, 2, 16))),
@@ -78,8 +80,12 @@ func newMetrics(nodeID string, stats func() fsm.Stats, tr *traffic) *metrics {
 		m.collectors = append(m.collectors, prometheus.NewGaugeFunc(
 			prometheus.GaugeOpts(opts(name, help)), func() float64 { return f(stats()) }))
 	}
-	gauge("fsm_applied_index", "Last log index applied to the state machine.",
-		func(s fsm.Stats) float64 { return float64(s.AppliedIndex) })
+	// The node's index, not the state machine's: the state machine sees
+	// only file system entries, so on a cluster nobody wrote to yet it
+	// would read 0 while memfs status shows the configuration entries.
+	m.collectors = append(m.collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("fsm_applied_index",
+		"Last Raft log index this node has applied (file system, metadata and configuration entries alike).")),
+		func() float64 { return float64(applied()) }))
 	gauge("fsm_inodes", "Inodes in use.", func(s fsm.Stats) float64 { return float64(s.Inodes) })
 	gauge("fsm_logical_bytes", "Sum of regular file sizes.",
 		func(s fsm.Stats) float64 { return float64(s.LogicalBytes) })
@@ -142,6 +148,8 @@ func (m *metrics) setRaftState(s raft.RaftState) {
 	}
 }
 
-func (m *metrics) countCommand(typ string, errno uint32) {
+// commandDone counts one command's result and the time since start.
+func (m *metrics) commandDone(typ string, errno uint32, took time.Duration) {
 	m.commands.WithLabelValues(typ, strconv.FormatUint(uint64(errno), 10)).Inc()
+	m.applyLatency.WithLabelValues(typ).Observe(took.Seconds())
 }

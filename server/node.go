@@ -92,11 +92,12 @@ func (n *Node) start(ctx context.Context) error {
 		return fmt.Errorf("state machine: %w", err)
 	}
 	n.fsm = f
-	n.metrics = newMetrics(n.cfg.ID, f.Stats, &n.traffic)
+	n.metrics = newMetrics(n.cfg.ID, f.Stats, n.AppliedIndex, &n.traffic)
+	n.rfsm = newRaftFSM(f, n.log, n.metrics)
+	// Registered once rfsm exists: a scrape may come at once.
 	if err := n.metrics.register(n.cfg.Registerer); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
-	n.rfsm = newRaftFSM(f, n.log, n.metrics)
 	if err := n.openBlockSync(); err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 func newTestRaftFSM(t testing.TB) *raftFSM {
 	f, err := fsm.New(fsm.Config{})
 	require.NoError(t, err)
-	return newRaftFSM(f, slog.New(slog.DiscardHandler), newMetrics("t", f.Stats, &traffic{}))
+	return newRaftFSM(f, slog.New(slog.DiscardHandler), newMetrics("t", f.Stats, func() uint64 { return 0 }, &traffic{}))
 }
 
 func fsEntry(t testing.TB, cmds ...*pb.Command) []byte {

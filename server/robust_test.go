@@ -64,7 +64,7 @@ func TestGarbageOnTheWireDoesNotHurt(t *testing.T) {
 func TestPanicInHandlerBecomesInternal(t *testing.T) {
 	f, err := fsm.New(fsm.Config{})
 	require.NoError(t, err)
-	n := &Node{cfg: Config{ID: "t"}, log: slog.New(slog.DiscardHandler), metrics: newMetrics("t", f.Stats, &traffic{})}
+	n := &Node{cfg: Config{ID: "t"}, log: slog.New(slog.DiscardHandler), metrics: newMetrics("t", f.Stats, func() uint64 { return 0 }, &traffic{})}
 	_, err = n.recoverUnary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x"},
 		func(context.Context, any) (any, error) { panic("boom") })
 	require.Equal(t, codes.Internal, status.Code(err))

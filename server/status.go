@@ -110,3 +110,8 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
 	}
 }
+
+// ClusterStatus is this node's view of the cluster as the Status call
+// gives it: the totals, this node, and every other member's own report
+// (each asked with a 1 s timeout, in parallel).
+func (n *Node) ClusterStatus(ctx context.Context) *pb.StatusResponse { return n.status(ctx, false) }

@@ -36,11 +36,11 @@ func newClient(cmd *cobra.Command, opts ...client.Option) (*client.Client, error
 }
 
 // clientRun adapts a file command: it sets up the command's context (Ctrl-C
-// and --timeout), connects, runs f with a client bound to that context,
-// and closes the client.
+// ends it; --timeout bounds each operation, not the command), connects,
+// runs f with a client bound to that context, and closes the client.
 func clientRun(f func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		ctx, cancel := commandContext()
+		ctx, cancel := interruptContext()
 		defer cancel()
 		cmd.SetContext(ctx)
 		c, err := newClient(cmd)

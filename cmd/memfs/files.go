@@ -8,12 +8,14 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/internal/progress"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -220,11 +222,15 @@ var putCmd = &cobra.Command{
 	Short: "Copy a local file (or - for standard input) into the cluster",
 	Long: `Copy a local file (or - for standard input) into the cluster. If REMOTE is
 an existing directory the file keeps its name inside it. Each piece of up to
-8 MiB is committed before the next is sent.`,
+8 MiB is committed before the next is sent; --timeout bounds the wait for
+each piece, not the whole copy. The data goes to a hidden temporary file
+beside REMOTE that is renamed over it at the end, so a failed or
+interrupted copy leaves REMOTE as it was.`,
 	Args: cobra.ExactArgs(2),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+	RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
 		local, remote := args[0], args[1]
 		var in io.Reader = cmd.InOrStdin()
+		size := int64(-1)
 		if local != "-" {
 			f, err := os.Open(local)
 			if err != nil {
@@ -232,43 +238,38 @@ an existing directory the file keeps its name inside it. Each piece of up to
 			}
 			defer f.Close()
 			in = f
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+				size = fi.Size()
+			}
 			if fi, err := c.Stat(remote); err == nil && fi.IsDir() {
 				remote = path.Join(remote, path.Base(local))
 			}
 		}
-		out, err := c.OpenFile(remote, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-		if err != nil {
-			return err
-		}
-		if _, err := io.CopyBuffer(onlyWriter{out}, onlyReader{in}, make([]byte, copyBuf)); err != nil {
-			_ = out.Close()
-			return err
-		}
-		return out.Close()
+		bar := progress.Bytes(cmd.ErrOrStderr(), size, "put "+remote, quietFlag)
+		return putStream(ctx, c, in, remote, bar)
 	}),
 }
 
 var getCmd = &cobra.Command{
 	Use:   "get REMOTE LOCAL",
 	Short: "Copy a file out of the cluster (LOCAL - for standard output)",
-	Args:  cobra.ExactArgs(2),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+	Long: `Copy a file out of the cluster (LOCAL - for standard output). If LOCAL is an
+existing directory the file keeps its name inside it. --timeout bounds the
+wait for each piece, not the whole copy. The data goes to a hidden temporary
+file beside LOCAL that is synced and renamed over it at the end, so a failed
+or interrupted copy leaves LOCAL as it was.`,
+	Args: cobra.ExactArgs(2),
+	RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
 		remote, local := args[0], args[1]
 		if local == "-" {
 			return getTo(cmd.OutOrStdout(), c, remote)
 		}
 		if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-			local = path.Join(local, path.Base(remote))
+			local = filepath.Join(local, path.Base(remote))
 		}
-		f, err := os.Create(local)
-		if err != nil {
-			return err
-		}
-		if err := getTo(f, c, remote); err != nil {
-			_ = f.Close()
-			return err
-		}
-		return f.Close()
+		return getFile(ctx, c, remote, local, func(size int64) *progress.Bar {
+			return progress.Bytes(cmd.ErrOrStderr(), size, "get "+remote, quietFlag)
+		})
 	}),
 }
 

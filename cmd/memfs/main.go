@@ -37,6 +37,7 @@ file commands against it.`,
 var (
 	clusterFlag string
 	timeoutFlag time.Duration
+	quietFlag   bool
 )
 
 func init() {
@@ -47,7 +48,9 @@ func init() {
 	rootCmd.PersistentFlags().StringVar(&clusterFlag, "cluster", def,
 		"comma-separated API addresses of cluster nodes (env MEMFS_CLUSTER)")
 	rootCmd.PersistentFlags().DurationVar(&timeoutFlag, "timeout", 30*time.Second,
-		"give up on a command after this long")
+		"give up on an operation the cluster has not answered after this long (a transfer lasts as long as its pieces keep being answered)")
+	rootCmd.PersistentFlags().BoolVarP(&quietFlag, "quiet", "q", false,
+		"no progress bars (they are drawn only on a terminal anyway)")
 	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 }
 
@@ -71,12 +74,20 @@ func needCluster() ([]string, error) {
 	return addrs, nil
 }
 
-// commandContext is the context of a client command: cancelled by Ctrl-C
-// or SIGTERM, and after --timeout.
+// commandContext is the context of a command that is one operation
+// (status, node admin): cancelled by Ctrl-C or SIGTERM, and after
+// --timeout.
 func commandContext() (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext()
 	ctx, cancel := context.WithTimeout(ctx, timeoutFlag)
 	return ctx, func() { cancel(); stop() }
+}
+
+// interruptContext is cancelled by Ctrl-C or SIGTERM only. The file
+// commands run under it: a copy of any size may take as long as it needs,
+// while the client bounds each of its operations by --timeout.
+func interruptContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
 // explainedError is an error whose text already explains itself: no
@@ -119,7 +130,7 @@ func errorText(err error) string {
 	case errors.As(err, &done):
 		return msg // says already what happened and what to do
 	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
-		return msg + fmt.Sprintf(" (gave up after --timeout %v)", timeoutFlag)
+		return msg + fmt.Sprintf(" (no answer within --timeout %v)", timeoutFlag)
 	case strings.Contains(msg, "connection refused"):
 		return msg + fmt.Sprintf(" (is the cluster running? --cluster is %q)", clusterFlag)
 	}

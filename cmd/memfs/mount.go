@@ -16,11 +16,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/fuse"
 	"github.com/memoryfs/memfs/internal/heapgoal"
+	"github.com/memoryfs/memfs/server/opsweb"
 )
 
 var mountFlags struct {
@@ -42,6 +45,7 @@ var mountFlags struct {
 	caps             bool
 	sync             bool
 	lease            time.Duration
+	metricsAddr      string
 }
 
 var mountCmd = &cobra.Command{
@@ -86,6 +90,7 @@ func init() {
 	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
 	f.DurationVar(&mountFlags.lease, "lease", 0, "the mount's session lease: how long a mount that died or was cut off keeps other clients waiting for its capabilities (0: the client's default, 10s)")
 	f.BoolVar(&mountFlags.sync, "sync", false, "commit every metadata change before answering it, instead of answering changes in directories the mount holds exclusively at once and committing them in ordered batches by fsync, unmount or a recall (docs/fuse.md)")
+	f.StringVar(&mountFlags.metricsAddr, "metrics-addr", "", "serve the mount's Prometheus metrics (per-operation counts and latency, cache hits, recalls, journal) at http://ADDR/metrics, with /livez and Go profiles")
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
@@ -156,7 +161,20 @@ func runMount(cmd *cobra.Command, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	m, c, err := mountCluster(ctx, cmd, args[0], mountOptions())
+	opt := mountOptions()
+	if mountFlags.metricsAddr != "" {
+		// Listening before mounting, so that a taken port fails the
+		// mount instead of leaving it without its metrics.
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		opt.Metrics = reg
+		if _, err := opsweb.Serve(ctx, mountFlags.metricsAddr, opsweb.Handler(opsweb.Options{Registry: reg}), slog.Default()); err != nil {
+			err = fmt.Errorf("--metrics-addr: %w", err)
+			notifyParent(err)
+			return err
+		}
+	}
+	m, c, err := mountCluster(ctx, cmd, args[0], opt)
 	notifyParent(err)
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,7 +123,8 @@ func TestMountCommandForeground(t *testing.T) {
 	dir := t.TempDir()
 	lazyUnmountAtCleanup(t, dir)
 
-	cmd := exec.Command(bin, "--cluster", cluster, "mount", dir)
+	metrics := freePorts(t, 1)[0]
+	cmd := exec.Command(bin, "--cluster", cluster, "mount", "--metrics-addr", metrics, dir)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
@@ -134,6 +137,14 @@ func TestMountCommandForeground(t *testing.T) {
 	got, _, code := memfsCmd(t, bin, cluster, "cat", "/hello")
 	require.Zero(t, code)
 	require.Equal(t, "through the mount", got)
+	// --metrics-addr serves the mount's own metrics.
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Regexp(t, `memfs_mount_ops_total\{op="write"\} [1-9]`, string(body))
+	require.Contains(t, string(body), "memfs_mount_journal_depth")
 
 	_, stderr, code := memfsCmd(t, bin, cluster, "mount", dir)
 	require.Equal(t, 1, code)

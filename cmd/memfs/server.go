@@ -6,25 +6,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/internal/heapgoal"
 	"github.com/memoryfs/memfs/internal/hugepages"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/opsweb"
 )
 
 var serverFlags struct {
@@ -76,7 +75,7 @@ func init() {
 	f.BoolVar(&sf.readLease, "read-lease", true, "as leader, answer linearizable reads under a lease instead of a heartbeat round each; set alike on all nodes (docs/protocol.md)")
 	f.BoolVar(&sf.insecure, "insecure", false, "serve the API and Raft in plaintext without authentication (a warning is logged at every start); without it --ca, --cert and --key are required")
 	f.DurationVar(&sf.tlsPoll, "tls-reload-interval", 5*time.Second, "how often to look for changed --ca/--cert/--key files (SIGHUP reloads them at once)")
-	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics and Go profiles at /debug/pprof/")
+	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, /livez, /readyz, the status page at / and Go profiles at /debug/pprof/")
 	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
@@ -153,9 +152,29 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	if sec != nil {
 		go reloadTLS(ctx, sec, sf.tlsPoll)
 	}
+	// The operator endpoints answer from the start (a joining node may
+	// wait long in server.New); until the node exists it is not ready and
+	// has no page.
+	var running atomic.Pointer[server.Node]
+	var page atomic.Pointer[opsweb.Page]
 	if sf.metricsAddr != "" {
-		if err := serveMetrics(ctx, sf.metricsAddr, reg, logger); err != nil {
-			return err
+		ready := func() error {
+			if n := running.Load(); n != nil {
+				return n.Ready()
+			}
+			return fmt.Errorf("%w: starting", server.ErrNotReady)
+		}
+		pageOrWait := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p := page.Load(); p != nil {
+				p.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "the node is starting; this page will be here once it runs", http.StatusServiceUnavailable)
+		})
+		h := opsweb.Handler(opsweb.Options{Registry: reg, Ready: ready, Page: pageOrWait})
+		if _, err := opsweb.Serve(ctx, sf.metricsAddr, h, logger); err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
 		}
 	}
 	waiting := false
@@ -171,6 +190,10 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	node, err := server.New(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	running.Store(node)
+	if sf.metricsAddr != "" {
+		page.Store(opsweb.NewPage(ctx, node, reg, logger))
 	}
 	if waiting {
 		// A node without state and without --join is a spare: the cluster
@@ -244,32 +267,6 @@ func newLogger(level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
-}
-
-// serveMetrics serves /metrics until ctx ends.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	// Profiles of a running node (docs/benchmarks.md profiles real node
-	// processes this way); the metrics address is an operator's port.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
-		}
-	}()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	return nil
 }
 
 const hugePagesUsage = `let the heap grow into transparent huge pages where the system setting is "madvise" (address space, not memory, is reserved)`

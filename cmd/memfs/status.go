@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/memoryfs/memfs/client/replace"
+	"github.com/memoryfs/memfs/internal/statusreport"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -37,13 +38,13 @@ var statusCmd = &cobra.Command{
 		if err != nil {
 			return err
 		}
-		report := newStatusReport(st)
+		report := statusreport.New(st)
 		if statusJSON {
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			enc.SetIndent("", "  ")
 			return enc.Encode(report)
 		}
-		return report.print(cmd.OutOrStdout())
+		return printStatus(cmd.OutOrStdout(), report)
 	},
 }
 
@@ -52,87 +53,8 @@ func init() {
 	rootCmd.AddCommand(statusCmd)
 }
 
-// statusReport is the JSON shape of `memfs status --json`. Scripts rely on
-// these names: add fields, never rename them.
-type statusReport struct {
-	Leader        string       `json:"leader"`
-	LeaderAPIAddr string       `json:"leader_api_addr"`
-	Nodes         []nodeReport `json:"nodes"`
-	Inodes        uint64       `json:"inodes"`
-	LogicalBytes  uint64       `json:"logical_bytes"`
-	PhysicalBytes uint64       `json:"physical_bytes"`
-	BlockCount    uint64       `json:"block_count"`
-	MemoryLimit   uint64       `json:"memory_limit"`
-	Sessions      uint64       `json:"sessions"`
-	ChunkSize     uint32       `json:"chunk_size"`
-	SharedBytes   uint64       `json:"shared_bytes"`
-	RefBytes      uint64       `json:"ref_bytes"`
-	DedupRatio    float64      `json:"dedup_ratio"` // logical / physical; 1 when nothing is stored
-}
-
-type nodeReport struct {
-	ID           string `json:"id"`
-	APIAddr      string `json:"api_addr"`
-	RaftAddr     string `json:"raft_addr"`
-	State        string `json:"state"`
-	AppliedIndex uint64 `json:"applied_index"`
-	CommitIndex  uint64 `json:"commit_index"`
-	LastLogIndex uint64 `json:"last_log_index"`
-	Voter        bool   `json:"voter"`
-	Error        string `json:"error,omitempty"`
-	// The node's own totals and counters since it started.
-	LogicalBytes     uint64 `json:"logical_bytes"`
-	PhysicalBytes    uint64 `json:"physical_bytes"`
-	SharedBytes      uint64 `json:"shared_bytes"`
-	LogBytes         uint64 `json:"log_bytes"`
-	NetSentBytes     uint64 `json:"net_sent_bytes"`
-	NetReceivedBytes uint64 `json:"net_received_bytes"`
-	WireDedupBytes   uint64 `json:"wire_dedup_bytes"`
-	// Block sync and the block directory (docs/snapshots.md).
-	Restoring              bool   `json:"restoring"`
-	SyncBlocksWanted       uint64 `json:"sync_blocks_wanted"`
-	SyncBlocksFetched      uint64 `json:"sync_blocks_fetched"`
-	SyncBytesWanted        uint64 `json:"sync_bytes_wanted"`
-	SyncBytesFetched       uint64 `json:"sync_bytes_fetched"`
-	SyncBytesServed        uint64 `json:"sync_bytes_served"`
-	SyncBytesFetchedTotal  uint64 `json:"sync_bytes_fetched_total"`
-	SyncBlocksFetchedTotal uint64 `json:"sync_blocks_fetched_total"`
-	SyncCorruptBlocks      uint64 `json:"sync_corrupt_blocks"`
-	DiskBlocks             uint64 `json:"disk_blocks"`
-	DiskBytes              uint64 `json:"disk_bytes"`
-	DiskBytesWritten       uint64 `json:"disk_bytes_written"`
-}
-
-func newStatusReport(st *pb.StatusResponse) statusReport {
-	r := statusReport{
-		Leader: st.Leader, LeaderAPIAddr: st.LeaderApiAddr, Nodes: []nodeReport{},
-		Inodes: st.Inodes, LogicalBytes: st.LogicalBytes, PhysicalBytes: st.PhysicalBytes,
-		BlockCount: st.BlockCount, MemoryLimit: st.MemoryLimit, Sessions: st.Sessions, ChunkSize: st.ChunkSize,
-		SharedBytes: st.SharedBytes, RefBytes: st.RefBytes, DedupRatio: 1,
-	}
-	if st.PhysicalBytes > 0 {
-		r.DedupRatio = float64(st.LogicalBytes) / float64(st.PhysicalBytes)
-	}
-	for _, n := range st.Nodes {
-		r.Nodes = append(r.Nodes, nodeReport{
-			ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State,
-			AppliedIndex: n.AppliedIndex, CommitIndex: n.CommitIndex, LastLogIndex: n.LastLogIndex,
-			Voter: n.Voter, Error: n.Error,
-			LogicalBytes: n.LogicalBytes, PhysicalBytes: n.PhysicalBytes, SharedBytes: n.SharedBytes,
-			LogBytes: n.LogBytes, NetSentBytes: n.NetSentBytes, NetReceivedBytes: n.NetReceivedBytes,
-			WireDedupBytes: n.WireDedupBytes,
-			Restoring:      n.Restoring, SyncBlocksWanted: n.SyncBlocksWanted, SyncBlocksFetched: n.SyncBlocksFetched,
-			SyncBytesWanted: n.SyncBytesWanted, SyncBytesFetched: n.SyncBytesFetched,
-			SyncBytesServed: n.SyncBytesServed, SyncBytesFetchedTotal: n.SyncBytesFetchedTotal,
-			SyncBlocksFetchedTotal: n.SyncBlocksFetchedTotal,
-			SyncCorruptBlocks:      n.SyncCorruptBlocks,
-			DiskBlocks:             n.DiskBlocks, DiskBytes: n.DiskBytes, DiskBytesWritten: n.DiskBytesWritten,
-		})
-	}
-	return r
-}
-
-func (r statusReport) print(w io.Writer) error {
+// printStatus prints r as the readable table of memfs status.
+func printStatus(w io.Writer, r statusreport.Report) error {
 	leader := r.Leader
 	if leader == "" {
 		leader = "(none: election in progress?)"
@@ -169,7 +91,7 @@ func (r statusReport) print(w io.Writer) error {
 
 // nodeBytes prints a per-node byte count, or "-" for a node that did not
 // answer.
-func nodeBytes(n nodeReport, v uint64) string {
+func nodeBytes(n statusreport.Node, v uint64) string {
 	if n.Error != "" {
 		return "-"
 	}

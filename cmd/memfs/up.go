@@ -16,10 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/client"
-	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -38,8 +36,9 @@ var upCmd = &cobra.Command{
 	Use:   "up [-- SERVER_FLAGS...]",
 	Short: "Start a local cluster of node processes on 127.0.0.1",
 	Long: `Start a local cluster: one "memfs server" process per node on 127.0.0.1
-(node i serves the API on base-port+i and Raft on base-port+100+i), wait for
-a leader, and print what to try next. Ctrl-C stops every node. Data stays
+(node i serves the API on base-port+i, Raft on base-port+100+i, and metrics,
+/readyz and the status page on base-port+200+i), wait until every node is
+ready, and print what to try next. Ctrl-C stops every node. Data stays
 in --dir, so a second "memfs up" on the same dir finds the old files.
 The nodes speak TLS: the first run makes a CA, a certificate per node and
 an "admin" client certificate in DIR/tls (kept for later runs), and prints
@@ -60,7 +59,7 @@ func init() {
 	f := upCmd.Flags()
 	f.IntVar(&upFlags.nodes, "nodes", 3, "number of nodes")
 	f.StringVar(&upFlags.dir, "dir", ".memfs-cluster", "directory for the nodes' data and logs")
-	f.IntVar(&upFlags.basePort, "base-port", 7000, "node i listens on base-port+i (API) and base-port+100+i (Raft)")
+	f.IntVar(&upFlags.basePort, "base-port", 7000, "node i listens on base-port+i (API), base-port+100+i (Raft) and base-port+200+i (metrics, status page)")
 	f.StringVar(&upFlags.logStore, "log-store", server.LogStoreBolt, "Raft log store of every node: bolt, wal or mem")
 	f.StringVar(&upFlags.memoryLimit, "memory-limit", "", "memory limit of every node (default: the server's)")
 	f.BoolVar(&upFlags.ephemeral, "ephemeral", false, "keep Raft state in memory (nothing persists)")
@@ -70,7 +69,7 @@ func init() {
 
 // upNode is one child process.
 type upNode struct {
-	ID, APIAddr, RaftAddr, DataDir, LogPath string
+	ID, APIAddr, RaftAddr, MetricsAddr, DataDir, LogPath string
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited
@@ -111,7 +110,7 @@ func runUp(cmd *cobra.Command, args []string) error {
 	if upFlags.nodes < 1 {
 		return usageError{errors.New("--nodes must be at least 1")}
 	}
-	if upFlags.basePort < 1 || upFlags.basePort+100+upFlags.nodes > 65535 {
+	if upFlags.basePort < 1 || upFlags.basePort+200+upFlags.nodes > 65535 {
 		return usageError{fmt.Errorf("--base-port %d leaves no room for %d nodes", upFlags.basePort, upFlags.nodes)}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -163,11 +162,12 @@ func planUp(out io.Writer) (*upCluster, error) {
 	var ids []string
 	for i := 1; i <= upFlags.nodes; i++ {
 		c.Nodes = append(c.Nodes, &upNode{
-			ID:       fmt.Sprintf("n%d", i),
-			APIAddr:  fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+i),
-			RaftAddr: fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+100+i),
-			DataDir:  filepath.Join(dir, fmt.Sprintf("node%d", i)),
-			LogPath:  filepath.Join(dir, fmt.Sprintf("node%d.log", i)),
+			ID:          fmt.Sprintf("n%d", i),
+			APIAddr:     fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+i),
+			RaftAddr:    fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+100+i),
+			MetricsAddr: fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+200+i),
+			DataDir:     filepath.Join(dir, fmt.Sprintf("node%d", i)),
+			LogPath:     filepath.Join(dir, fmt.Sprintf("node%d.log", i)),
 		})
 		ids = append(ids, c.Nodes[i-1].ID)
 	}
@@ -211,7 +211,8 @@ func (c *upCluster) start() error {
 	}
 	for i, n := range c.Nodes {
 		args := []string{"server", "--id", n.ID, "--data", n.DataDir,
-			"--raft-addr", n.RaftAddr, "--api-addr", n.APIAddr, "--log-store", upFlags.logStore}
+			"--raft-addr", n.RaftAddr, "--api-addr", n.APIAddr, "--metrics-addr", n.MetricsAddr,
+			"--log-store", upFlags.logStore}
 		if upFlags.memoryLimit != "" {
 			args = append(args, "--memory-limit", upFlags.memoryLimit)
 		}
@@ -273,63 +274,32 @@ func (n *upNode) launch(exe string, args []string, exits chan<- *upNode) error {
 	return nil
 }
 
-// waitReady polls the nodes until one reports a leader and every node is a
-// member, or a node exits, or timeout.
+// waitReady waits until every node answers /readyz (a member of a
+// cluster with a leader, caught up), or a node exits, or timeout.
 func (c *upCluster) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	errc := make(chan error, len(c.Nodes))
+	for _, n := range c.Nodes {
+		go func() {
+			if err := waitReadyz(ctx, n.MetricsAddr); err != nil {
+				errc <- fmt.Errorf("node %s: %w", n.ID, err)
+				return
+			}
+			errc <- nil
+		}()
+	}
+	for range c.Nodes {
 		select {
 		case n := <-c.exits:
 			return fmt.Errorf("node %s exited (%v); see %s", n.ID, n.err, n.LogPath)
-		default:
-		}
-		if st, err := c.status(ctx); err == nil && st.Leader != "" && c.allMembers(st) {
-			return nil
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return fmt.Errorf("cluster not ready: %w (logs in %s)", ctx.Err(), c.Dir)
+		case err := <-errc:
+			if err != nil {
+				return fmt.Errorf("cluster not ready: %w (logs in %s)", err, c.Dir)
+			}
 		}
 	}
-}
-
-func (c *upCluster) allMembers(st *pb.StatusResponse) bool {
-	seen := map[string]bool{}
-	for _, n := range st.Nodes {
-		if n.Error == "" && n.State != "" {
-			seen[n.Id] = true
-		}
-	}
-	for _, n := range c.Nodes {
-		if !seen[n.ID] {
-			return false
-		}
-	}
-	return true
-}
-
-// status asks the nodes in turn for the cluster status.
-func (c *upCluster) status(ctx context.Context) (*pb.StatusResponse, error) {
-	var errs []error
-	for _, addr := range c.APIAddrs() {
-		conn, err := replace.Dial(addr, replace.Net{Security: c.Security})
-		if err != nil {
-			return nil, err
-		}
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := pb.NewMemFSClient(conn).Status(sctx, &pb.StatusRequest{Version: pb.Version})
-		cancel()
-		_ = conn.Close()
-		if err == nil {
-			return st, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, errors.Join(errs...)
+	return nil
 }
 
 // printNext prints the nodes and the commands to try next.
@@ -344,7 +314,7 @@ func (c *upCluster) printNext() {
 	w := c.Out
 	fmt.Fprintf(w, "MemoryFS cluster of %d nodes is up (data and logs in %s)\n", len(c.Nodes), c.Dir)
 	for _, n := range c.Nodes {
-		fmt.Fprintf(w, "  %s  api %s  raft %s  log %s\n", n.ID, n.APIAddr, n.RaftAddr, n.LogPath)
+		fmt.Fprintf(w, "  %s  api %s  raft %s  status page http://%s/  log %s\n", n.ID, n.APIAddr, n.RaftAddr, n.MetricsAddr, n.LogPath)
 	}
 	fmt.Fprintf(w, "\nTry, in another shell:\n")
 	fmt.Fprintf(w, "  export MEMFS_CLUSTER=%s\n", strings.Join(c.APIAddrs(), ","))

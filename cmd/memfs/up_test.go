@@ -47,33 +47,32 @@ func memfsBinary(t *testing.T) string {
 	return builtPath
 }
 
-// freeBasePort finds a base port whose API and Raft ports for n nodes are
-// all free right now.
+// freeBasePort finds a base port whose API, Raft and metrics ports for n
+// nodes (memfs up's layout) are all free right now.
 func freeBasePort(t *testing.T, n int) int {
 	t.Helper()
 	for range 100 {
-		base := 20000 + rand.IntN(30000)
-		ok := true
-		var held []net.Listener
-		for i := 1; i <= n && ok; i++ {
-			for _, p := range []int{base + i, base + 100 + i} {
-				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-				if err != nil {
-					ok = false
-					break
-				}
-				held = append(held, l)
-			}
-		}
-		for _, l := range held {
-			l.Close()
-		}
-		if ok {
+		if base := 20000 + rand.IntN(30000); basePortFree(base, n) {
 			return base
 		}
 	}
 	t.Fatal("no free port range")
 	return 0
+}
+
+// basePortFree reports whether memfs up's ports for n nodes from base are
+// free right now.
+func basePortFree(base, n int) bool {
+	for i := 1; i <= n; i++ {
+		for _, p := range []int{base + i, base + 100 + i, base + 200 + i} {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				return false
+			}
+			l.Close()
+		}
+	}
+	return true
 }
 
 // syncBuffer is a bytes.Buffer safe for a child process and the test.
@@ -242,6 +241,14 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "memfs: ")
 
+	// up waited for every node's /readyz, which memfs health asks too.
+	for i := 1; i <= 3; i++ {
+		m := fmt.Sprintf("127.0.0.1:%d", base+200+i)
+		require.Contains(t, p.out.String(), "status page http://"+m+"/")
+		require.Equal(t, m+"/readyz: ok\n", runOK(t, bin, "health", m))
+		require.Equal(t, m+"/livez: ok\n", runOK(t, bin, "health", "--live", m))
+	}
+
 	// A file put through the cluster reads back, and counts in the status.
 	local := filepath.Join(t.TempDir(), "hello.txt")
 	require.NoError(t, os.WriteFile(local, []byte("hello, memfs\n"), 0o644))
@@ -330,6 +337,8 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"server", "--id", "a", "--data", "x", "--gc-headroom", "-1MiB"}, 2, "--gc-headroom: \"-1MiB\" is not a size"},
 		{[]string{"status", "--cluster", "127.0.0.1:1", "--timeout", "5s"}, 1, "memfs: no node answered"},
 		{[]string{"up", "extra"}, 2, "memfs: up takes no arguments"},
+		{[]string{"health"}, 2, "memfs: accepts 1 arg"},
+		{[]string{"health", "127.0.0.1:1", "--timeout", "5s"}, 1, "connection refused"},
 		// Flags after "--" reach every node: a bad one stops them.
 		{[]string{"up", "--dir", t.TempDir(), "--base-port", "21000", "--", "--no-such-flag"}, 1, "exited (exit status 2)"},
 	}

@@ -99,6 +99,7 @@ func (o *ClientOps) pinEntry(ctx context.Context, parent uint64, name string) {
 // mount and the kernel cached of them, and files opened locally are
 // pinned, before the capabilities go back.
 func (o *ClientOps) recalled(inos []uint64) {
+	o.stats.recalls.Add(uint64(len(inos)))
 	names := o.meta.forget(inos...)
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()

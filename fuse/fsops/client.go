@@ -89,6 +89,10 @@ type ClientOps struct {
 	unsent atomic.Int64 // bytes acknowledged by write-behind, all handles, not yet committed
 
 	locks lockOwners // who took file locks through this mount (locks.go)
+
+	stats struct { // counters for Stats
+		metaHits, metaMisses, windowReads, recalls atomic.Uint64
+	}
 }
 
 var _ Ops = (*ClientOps)(nil)
@@ -172,9 +176,11 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 	defer cancel()
 	if o.meta.on() {
 		if a, e, ok := o.cachedLookup(ctx, parent, name); ok {
+			o.stats.metaHits.Add(1)
 			return a, e
 		}
 	}
+	o.stats.metaMisses.Add(1)
 	start := o.meta.now()
 	pa, err := o.c.Lookup(ctx, parent, name)
 	if err != nil {
@@ -197,8 +203,10 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 		return a, e
 	}
 	if a, ok := o.meta.attr(ino); ok && !o.dirty(ino) {
+		o.stats.metaHits.Add(1)
 		return a, 0
 	}
+	o.stats.metaMisses.Add(1)
 	o.barrier(ino)
 	if o.meta.on() {
 		// One bound for the grant and the query together.
@@ -451,6 +459,7 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 		if err != nil {
 			return 0, errnoOf("read", err)
 		}
+		o.stats.windowReads.Add(1)
 		o.accessed(ino)
 		return n, 0
 	}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/server"
+)
+
+// tmuxSession runs shell commands in a detached tmux session on its own
+// server socket (a real terminal for the program), killed at cleanup.
+type tmuxSession struct {
+	t      *testing.T
+	socket string
+}
+
+func newTmux(t *testing.T) *tmuxSession {
+	t.Helper()
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed (apt-get install -y tmux): terminal output is tested in it")
+	}
+	s := &tmuxSession{t: t, socket: fmt.Sprintf("memfs-test-%d-%d", os.Getpid(), time.Now().UnixNano())}
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", s.socket, "kill-server").Run() })
+	return s
+}
+
+// run starts cmd (a shell command line) in a new window of width x height.
+func (s *tmuxSession) run(name, cmd string, width, height int) {
+	s.t.Helper()
+	out, err := exec.Command("tmux", "-L", s.socket, "new-session", "-d", "-s", name,
+		"-x", fmt.Sprint(width), "-y", fmt.Sprint(height), cmd).CombinedOutput()
+	require.NoError(s.t, err, "%s", out)
+}
+
+// screen is what the session's window shows now.
+func (s *tmuxSession) screen(name string) string {
+	s.t.Helper()
+	out, err := exec.Command("tmux", "-L", s.socket, "capture-pane", "-p", "-t", name).Output()
+	require.NoError(s.t, err)
+	return string(out)
+}
+
+// waitScreen polls the window until it shows want.
+func (s *tmuxSession) waitScreen(name, want string, d time.Duration) string {
+	s.t.Helper()
+	var last string
+	require.Eventually(s.t, func() bool {
+		last = s.screen(name)
+		return strings.Contains(last, want)
+	}, d, 100*time.Millisecond, "window %s never showed %q; it shows:\n%s", name, want, &last)
+	return last
+}
+
+func TestProgressBarsOnlyOnATerminal(t *testing.T) {
+	tm := newTmux(t)
+	bin := buildMemfs(t)
+	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
+	local := filepath.Join(t.TempDir(), "big")
+	require.NoError(t, os.WriteFile(local, randomData(24<<20, 5), 0o644))
+
+	// Into a pipe (a script): no bar, nothing on stderr.
+	_, errOut, code := m.run("", "put", local, "/piped")
+	require.Zero(t, code)
+	require.Empty(t, errOut)
+	_, errOut, code = m.run("", "get", "/piped", filepath.Join(t.TempDir(), "back"))
+	require.Zero(t, code)
+	require.Empty(t, errOut)
+
+	// On a terminal: a bar with the size, ending complete.
+	base := fmt.Sprintf("%s --cluster %s --timeout 60s", bin, m.cluster)
+	back := filepath.Join(t.TempDir(), "back")
+	tm.run("put", fmt.Sprintf("%s put %s /t && %s get /t %s; echo status=$?; sleep 600", base, local, base, back), 150, 12)
+	screen := tm.waitScreen("put", "status=", 2*time.Minute)
+	require.Contains(t, screen, "status=0")
+	require.Contains(t, screen, "put /t")
+	require.Contains(t, screen, "get /t")
+	require.Contains(t, screen, "100%")
+	require.Contains(t, screen, "24 MiB")
+	got, err := os.ReadFile(back)
+	require.NoError(t, err)
+	require.Len(t, got, 24<<20)
+
+	// --quiet: nothing on the terminal either.
+	tm.run("quiet", fmt.Sprintf("%s --quiet put %s /q; echo status=$?; sleep 600", base, local), 150, 12)
+	screen = tm.waitScreen("quiet", "status=", 2*time.Minute)
+	require.Equal(t, "status=0", strings.TrimSpace(screen))
+}

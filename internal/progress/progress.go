@@ -1,0 +1,76 @@
+// Package progress draws a progress bar for a long command (bytes done,
+// rate, time left) on a terminal, with github.com/schollz/progressbar.
+//
+// It draws only on a terminal: into a pipe or a file, or when asked to be
+// quiet, a Bar does nothing, so scripts read the same output they always
+// did. It must never write to standard output, which carries data.
+package progress
+
+import (
+	"io"
+	"os"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// Bar is a progress bar, or nothing (nil is a valid Bar that draws nothing).
+type Bar struct {
+	b *progressbar.ProgressBar
+	w io.Writer
+}
+
+// IsTerminal reports whether w is a terminal.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// Bytes returns a bar on w counting bytes up to total (negative when
+// unknown: then it shows what is done and the rate), described by desc;
+// a Bar that draws nothing when quiet or when w is not a terminal.
+func Bytes(w io.Writer, total int64, desc string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionSetWidth(30),
+		// Redrawn at most this often: a fast copy is not slowed by its bar.
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
+// Write counts len(p) bytes done, so a Bar can sit in an io.TeeReader.
+func (b *Bar) Write(p []byte) (int, error) {
+	if b != nil {
+		_ = b.b.Add(len(p))
+	}
+	return len(p), nil
+}
+
+// Finish draws the bar complete and ends its line.
+func (b *Bar) Finish() {
+	if b != nil {
+		_ = b.b.Finish()
+	}
+}
+
+// Stop ends the bar's line where it is (a failed or interrupted copy), so
+// that an error message starts on a line of its own.
+func (b *Bar) Stop() {
+	if b != nil && !b.b.IsFinished() {
+		_ = b.b.Exit()
+		_, _ = io.WriteString(b.w, "\n")
+	}
+}

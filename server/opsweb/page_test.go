@@ -1,0 +1,84 @@
+package opsweb_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/opsweb"
+)
+
+// TestPageDataFollowsTheCluster checks the status page's data against the
+// work done: commands per type with a p99, the cluster's totals and
+// members, and the leader, on the leader's page.
+func TestPageDataFollowsTheCluster(t *testing.T) {
+	regs := make([]*prometheus.Registry, 3)
+	c := server.StartCluster(t, 3, server.WithNodeConfig(func(i int, cfg *server.Config) {
+		regs[i] = prometheus.NewRegistry()
+		cfg.Registerer = regs[i]
+	}))
+	leader := c.Leader()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	page := opsweb.NewPage(ctx, leader, regs[c.Index(leader)], slog.Default())
+	srv := httptest.NewServer(opsweb.Handler(opsweb.Options{Registry: regs[c.Index(leader)], Ready: leader.Ready, Page: page}))
+	t.Cleanup(srv.Close)
+
+	cl, err := client.New(ctx, c.APIAddrs())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cl.Close() })
+	for i := range 20 {
+		require.NoError(t, cl.Mkdir(fmt.Sprintf("/d%d", i), 0o755))
+	}
+
+	var d opsweb.PageData
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(srv.URL + "/api/status")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		d = opsweb.PageData{}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&d))
+		return d.Cluster.Inodes == 21 && len(d.Cluster.Nodes) == 3 && opRate(d, "mkdir") > 0
+	}, 60*time.Second, 200*time.Millisecond, "the page's data never showed the mkdirs")
+
+	require.Equal(t, leader.ID(), d.ServedBy)
+	require.Equal(t, leader.ID(), d.Cluster.Leader)
+	for _, o := range d.Commands {
+		if o.Name == "mkdir" {
+			require.NotNil(t, o.P99, "a command that completed in the window has a p99")
+			require.Positive(t, *o.P99)
+		}
+	}
+	require.NotEmpty(t, d.LeaderChanges)
+	require.Equal(t, leader.ID(), d.LeaderChanges[len(d.LeaderChanges)-1].Leader)
+	require.Positive(t, d.WindowSeconds)
+	require.Positive(t, d.HeapBytes)
+
+	// The page itself and its script come from the binary.
+	for path, want := range map[string]string{"/": "<title>MemoryFS status</title>", "/app.js": "api/status", "/style.css": "font"} {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.Contains(t, readAll(t, resp), want, path)
+	}
+}
+
+func opRate(d opsweb.PageData, name string) float64 {
+	for _, o := range d.Commands {
+		if o.Name == name {
+			return o.PerSecond
+		}
+	}
+	return 0
+}
