@@ -46,6 +46,9 @@ for ((r = 1; r <= rounds; r++)); do
   up=$!
   for _ in $(seq 300); do grep -q "is up" "$tmp/up.log" && break; sleep 0.1; done
   grep -q "is up" "$tmp/up.log" || { cat "$tmp/up.log"; exit 1; }
+  # The cluster speaks TLS with the certificates `up` made (its printed
+  # export line); every command and mount needs them.
+  eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$tmp/up.log" | head -1)"
   pids=$(pgrep -P "$up" | tr '\n' ' ')
   t0=$(nodecpu $pids) f0=$(nodefaults $pids)
   "$BIN" --cluster "$cluster" bench "$@" | awk -v r="$r" '/^(write|read|create) / {print "round " r " memfs " $0}'

@@ -42,6 +42,9 @@ tar -C "$work/src" -cf "$work/tree.tar" .
 up=$!
 for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
 grep -q "is up" "$work/up.log" || { cat "$work/up.log"; exit 1; }
+# The cluster speaks TLS with the certificates `up` made (its printed
+# export line); every command and mount needs them.
+eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$work/up.log" | head -1)"
 for b in $ORDER; do
   mkdir "$work/$b"
   "$BIN" mount --daemon --binding "$b" --log "$work/$b.log" "$work/$b" >/dev/null

@@ -182,6 +182,9 @@ if want memfs || want memfs_gofuse || want memfs_nocache || want client; then
   pids+=($!)
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
   grep -q "is up" "$work/up.log" || { cat "$work/up.log" "$work"/data/node*.log 2>/dev/null | tail -50; exit 1; }
+  # The cluster speaks TLS with the certificates `up` made (its printed
+  # export line); every command and mount needs them.
+  eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$work/up.log" | head -1)"
 fi
 
 if want memfs; then

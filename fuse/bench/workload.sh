@@ -200,6 +200,9 @@ if [ -n "$need_cluster" ]; then
   pids+=($!)
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
   grep -q "is up" "$work/up.log" || { cat "$work/up.log" "$work"/data/node*.log 2>/dev/null | tail -50; die "cluster did not come up"; }
+  # The cluster speaks TLS with the certificates `up` made (its printed
+  # export line); every command and mount needs them.
+  eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$work/up.log" | head -1)"
 fi
 
 # Where target t's turn works (its mount made now for a memfs target).

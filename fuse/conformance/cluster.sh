@@ -54,6 +54,9 @@ conf_up() { # starts the cluster and waits until it serves
   up=$!
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
   grep -q "is up" "$work/up.log" || { cat "$work/up.log" >&2; exit 1; }
+  # The cluster speaks TLS with the certificates `up` made (its printed
+  # export line); every command and mount needs them.
+  eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$work/up.log" | head -1)"
 }
 
 conf_mount() { # dir [flags...]: mounts the cluster on dir with BINDING and MOUNT_FLAGS

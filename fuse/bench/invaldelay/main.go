@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
 const pollEvery = 100 * time.Microsecond
@@ -100,7 +101,16 @@ func (v viaMount) remove(name string) error { return os.Remove(filepath.Join(v.d
 func run(addrs []string, mnt, via string, n int, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.New(ctx, addrs, client.WithName("invaldelay"))
+	opts := []client.Option{client.WithName("invaldelay")}
+	if ca := os.Getenv("MEMFS_CA"); ca != "" {
+		// The cluster's TLS files, as memfs up prints them.
+		src, err := tlsconf.Load(tlsconf.Files{CA: ca, Cert: os.Getenv("MEMFS_CERT"), Key: os.Getenv("MEMFS_KEY")}, nil)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, client.WithTLS(src.ClientConfig()))
+	}
+	c, err := client.New(ctx, addrs, opts...)
 	if err != nil {
 		return err
 	}
