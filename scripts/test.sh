@@ -11,7 +11,7 @@ step "gofmt and go vet"
 make -s check
 
 step "race-checked packages"
-go test -race -count=1 -timeout 20m $(go list ./fsm/... ./server/... ./client/... ./fuse/... ./cmd/... | grep -v '/fuse$')
+go test -race -count=1 -timeout 20m $(go list ./fsm/... ./server/... ./client/... ./fuse/... ./internal/... ./cmd/... | grep -v '/fuse$')
 
 # The real-mount tests run real programs (git, tar, cp -a) on a mount with
 # per-syscall watchdogs; under the race detector's 5-10x slowdown on two
