@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/server"
 )
 
@@ -87,6 +89,21 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	got, err := os.ReadFile(back)
 	require.NoError(t, err)
 	require.Len(t, got, 24<<20)
+
+	// rm -r counts the entries it removes.
+	cl, err := client.New(context.Background(), cluster.APIAddrs())
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.MkdirAll("/tree/sub", 0o755))
+	for i := range 50 {
+		require.NoError(t, cl.WriteFile(fmt.Sprintf("/tree/sub/f%d", i), []byte("x"), 0o644))
+	}
+	tm.run("rm", fmt.Sprintf("%s rm -r /tree; echo status=$?; sleep 600", base), 150, 12)
+	screen = tm.waitScreen("rm", "status=", 2*time.Minute)
+	require.Contains(t, screen, "status=0")
+	require.Regexp(t, `rm -r /tree \(52/-, [0-9.]+ entries/s\)`, screen, "50 files and 2 directories, and the rate")
+	_, errOut, code = m.run("", "ls", "/tree")
+	require.Equal(t, 1, code, errOut)
 
 	// --quiet: nothing on the terminal either.
 	tm.run("quiet", fmt.Sprintf("%s --quiet put %s /q; echo status=$?; sleep 600", base, local), 150, 12)

@@ -1,5 +1,6 @@
-// Package progress draws a progress bar for a long command (bytes done,
-// rate, time left) on a terminal, with github.com/schollz/progressbar.
+// Package progress draws a progress bar for a long command (bytes or
+// items done, rate, time left) on a terminal, with
+// github.com/schollz/progressbar.
 //
 // It draws only on a terminal: into a pipe or a file, or when asked to be
 // quiet, a Bar does nothing, so scripts read the same output they always
@@ -49,6 +50,31 @@ func Bytes(w io.Writer, total int64, desc string, quiet bool) *Bar {
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
 	)}
+}
+
+// Items returns a bar on w counting items (unknown total: the count and
+// the rate), described by desc; nothing when quiet or w is no terminal.
+func Items(w io.Writer, desc, unit string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString(unit),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
+// Add counts n items done.
+func (b *Bar) Add(n int) {
+	if b != nil {
+		_ = b.b.Add(n)
+	}
 }
 
 // Write counts len(p) bytes done, so a Bar can sit in an io.TeeReader.
