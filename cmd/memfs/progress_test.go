@@ -98,6 +98,12 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	for i := range 50 {
 		require.NoError(t, cl.WriteFile(fmt.Sprintf("/tree/sub/f%d", i), []byte("x"), 0o644))
 	}
+	// clone -r is one command: a spinner while it runs, erased at the end.
+	tm.run("clone", fmt.Sprintf("%s clone -r /tree /copy; echo status=$?; sleep 600", base), 150, 12)
+	screen = tm.waitScreen("clone", "status=", 2*time.Minute)
+	require.Equal(t, "status=0", strings.TrimSpace(screen))
+	require.Len(t, strings.Fields(m.ok("ls", "/copy/sub")), 50)
+
 	tm.run("rm", fmt.Sprintf("%s rm -r /tree; echo status=$?; sleep 600", base), 150, 12)
 	screen = tm.waitScreen("rm", "status=", 2*time.Minute)
 	require.Contains(t, screen, "status=0")

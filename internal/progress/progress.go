@@ -70,6 +70,40 @@ func Items(w io.Writer, desc, unit string, quiet bool) *Bar {
 	)}
 }
 
+// Waiting shows a spinner and the elapsed time on w for one long operation
+// whose progress cannot be known, until the returned stop is called, which
+// erases it; nothing when quiet or w is no terminal.
+func Waiting(w io.Writer, desc string, quiet bool) (stop func()) {
+	if quiet || !IsTerminal(w) {
+		return func() {}
+	}
+	b := progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSpinnerType(14),
+	)
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			_ = b.Add(0) // redraws the spinner and the time
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+		_ = b.Clear()
+	}
+}
+
 // Add counts n items done.
 func (b *Bar) Add(n int) {
 	if b != nil {
@@ -96,7 +130,6 @@ func (b *Bar) Finish() {
 // that an error message starts on a line of its own.
 func (b *Bar) Stop() {
 	if b != nil && !b.b.IsFinished() {
-		_ = b.b.Exit()
-		_, _ = io.WriteString(b.w, "\n")
+		_ = b.b.Exit() // which ends the line (OptionOnCompletion)
 	}
 }
