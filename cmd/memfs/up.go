@@ -278,11 +278,17 @@ func (c *upCluster) printNext() {
 	}
 	fmt.Fprintf(w, "\nTry, in another shell:\n")
 	fmt.Fprintf(w, "  export MEMFS_CLUSTER=%s\n", strings.Join(c.APIAddrs(), ","))
+	var metrics []string
+	for _, n := range c.Nodes {
+		metrics = append(metrics, n.MetricsAddr)
+	}
+	fmt.Fprintf(w, "  export MEMFS_METRICS=%s\n", strings.Join(metrics, ","))
 	fmt.Fprintf(w, "  echo hello > /tmp/hello.txt\n")
 	fmt.Fprintf(w, "  %s put /tmp/hello.txt /hello.txt\n", me)
 	fmt.Fprintf(w, "  %s ls -l /\n", me)
 	fmt.Fprintf(w, "  %s cat /hello.txt\n", me)
 	fmt.Fprintf(w, "  %s status\n", me)
+	fmt.Fprintf(w, "  %s top\n", me)
 	fmt.Fprintf(w, "\nPress Ctrl-C to stop the cluster; the data stays in %s.\n", c.Dir)
 }
 

@@ -220,6 +220,8 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	require.NotNil(t, st.PhysicalBytes)
 	require.EqualValues(t, 1, *st.Inodes, "a new cluster holds the root only")
 	require.Contains(t, p.out.String(), "export MEMFS_CLUSTER="+p.cluster)
+	require.Contains(t, p.out.String(), fmt.Sprintf("export MEMFS_METRICS=127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+		base+201, base+202, base+203), "what memfs top reads")
 	// up waited for every node's /readyz, which memfs health asks too.
 	for i := 1; i <= 3; i++ {
 		m := fmt.Sprintf("127.0.0.1:%d", base+200+i)
