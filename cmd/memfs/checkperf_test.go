@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/memoryfs/memfs/server"
 )
 
 func TestJudgePerf(t *testing.T) {
@@ -40,9 +38,7 @@ FAIL
 // any machine meets, and with one no machine meets: the verdict and the
 // exit status follow the targets, not the machine's speed.
 func TestCheckPerfRuns(t *testing.T) {
-	bin := buildMemfs(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
-	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
+	m := upCLI(t)
 	lenient := []string{"check", "perf", "--load", "s", "--max-write-p99", "1h", "--max-create-p99", "1h"}
 
 	out, errOut, code := m.run("", append(lenient, "--min-write-mbps", "0.001", "--min-creates", "0.001")...)

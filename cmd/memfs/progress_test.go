@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	"github.com/memoryfs/memfs/server"
 )
 
 // tmuxSession runs shell commands in a detached tmux session on its own
@@ -62,18 +61,17 @@ func (s *tmuxSession) waitScreen(name, want string, d time.Duration) string {
 
 func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	tm := newTmux(t)
-	bin := buildMemfs(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
-	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
+	m := upCLI(t)
+	bin := m.bin
 	local := filepath.Join(t.TempDir(), "big")
 	require.NoError(t, os.WriteFile(local, randomData(24<<20, 5), 0o644))
 
 	// Into a pipe (a script): no bar, nothing on stderr.
 	_, errOut, code := m.run("", "put", local, "/piped")
-	require.Zero(t, code)
+	require.Zero(t, code, errOut)
 	require.Empty(t, errOut)
 	_, errOut, code = m.run("", "get", "/piped", filepath.Join(t.TempDir(), "back"))
-	require.Zero(t, code)
+	require.Zero(t, code, errOut)
 	require.Empty(t, errOut)
 
 	// On a terminal: a bar with the size, ending complete.
@@ -91,7 +89,7 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	require.Len(t, got, 24<<20)
 
 	// rm -r counts the entries it removes.
-	cl, err := client.New(context.Background(), cluster.APIAddrs())
+	cl, err := client.New(context.Background(), strings.Split(m.cluster, ","))
 	require.NoError(t, err)
 	defer cl.Close()
 	require.NoError(t, cl.MkdirAll("/tree/sub", 0o755))

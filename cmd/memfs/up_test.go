@@ -129,6 +129,18 @@ func startUp(t *testing.T, bin, dir string, base int, serverArgs ...string) *upP
 	return p
 }
 
+// upCLI starts a 3-node cluster of real node processes with memfs up and
+// returns the CLI against it. Tests that load the cluster use it rather
+// than an in-process cluster, which the race detector would slow down
+// beside the load until sessions expire.
+func upCLI(t *testing.T) cli {
+	t.Helper()
+	bin := memfsBinary(t)
+	p := startUp(t, bin, t.TempDir(), freeBasePort(t, 3))
+	waitStatus(t, bin, p)
+	return cli{t: t, bin: bin, cluster: p.cluster}
+}
+
 // stop sends SIGINT, as Ctrl-C does, and waits for a clean exit.
 func (p *upProcess) stop(t *testing.T) {
 	t.Helper()
