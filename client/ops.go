@@ -96,9 +96,19 @@ func (c *Client) Remove(name string) error {
 
 // RemoveAll removes name and everything under it. A missing name is not an
 // error. It is not atomic: entries created meanwhile may make it fail.
-func (c *Client) RemoveAll(name string) error {
+func (c *Client) RemoveAll(name string) error { return c.RemoveAllFunc(name, nil) }
+
+// RemoveAllFunc is RemoveAll calling removed, when not nil, after each
+// name it removed (for a progress display).
+func (c *Client) RemoveAllFunc(name string, removed func(name string)) error {
 	err := c.Remove(name)
-	if err == nil || errors.Is(err, fs.ErrNotExist) {
+	if err == nil {
+		if removed != nil {
+			removed(name)
+		}
+		return nil
+	}
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	fi, lerr := c.Lstat(name)
@@ -114,12 +124,15 @@ func (c *Client) RemoveAll(name string) error {
 	}
 	p := clean(name)
 	for _, e := range ents {
-		if err := c.RemoveAll(path.Join(p, e.Name())); err != nil {
+		if err := c.RemoveAllFunc(path.Join(p, e.Name()), removed); err != nil {
 			return err
 		}
 	}
 	if err := c.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
+	}
+	if removed != nil {
+		removed(name)
 	}
 	return nil
 }

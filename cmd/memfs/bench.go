@@ -121,30 +121,7 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	setup, cancel := context.WithTimeout(ctx, timeoutFlag)
-	cmd.SetContext(setup)
-	c, err := newClient(cmd)
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c = c.WithContext(ctx)
-	st, err := c.Status(ctx)
-	if err != nil {
-		return err
-	}
-	dir := fmt.Sprintf("/.bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
-	if err := c.Mkdir(dir, 0o755); err != nil {
-		return err
-	}
-	rep := benchReport{Cluster: clusterAddrs(), Leader: st.Leader}
-	err = runPhases(ctx, cmd, c, dir, &rep)
-	if !bench.keep {
-		if cerr := cleanup(ctx, c, dir); err == nil {
-			err = cerr
-		}
-	}
+	rep, err := measure(ctx, cmd)
 	if err != nil {
 		return err
 	}
@@ -154,6 +131,36 @@ func runBench(cmd *cobra.Command, _ []string) error {
 		return enc.Encode(rep)
 	}
 	return printBench(cmd.OutOrStdout(), rep)
+}
+
+// measure runs the phases the bench settings name in a new directory,
+// which it removes unless --keep (memfs bench and memfs check perf).
+func measure(ctx context.Context, cmd *cobra.Command) (benchReport, error) {
+	setup, cancel := context.WithTimeout(ctx, timeoutFlag)
+	cmd.SetContext(setup)
+	c, err := newClient(cmd)
+	cancel()
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer c.Close()
+	c = c.WithContext(ctx)
+	st, err := c.Status(ctx)
+	if err != nil {
+		return benchReport{}, err
+	}
+	dir := fmt.Sprintf("/.bench-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if err := c.Mkdir(dir, 0o755); err != nil {
+		return benchReport{}, err
+	}
+	rep := benchReport{Cluster: clusterAddrs(), Leader: st.Leader}
+	err = runPhases(ctx, cmd, c, dir, &rep)
+	if !bench.keep {
+		if cerr := cleanup(ctx, c, dir); err == nil {
+			err = cerr
+		}
+	}
+	return rep, err
 }
 
 func checkBenchFlags() error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,19 +19,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/memoryfs/memfs/internal/promstat"
 	"github.com/memoryfs/memfs/internal/statusreport"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
-// scrape reads addr's /metrics.
+// scrape reads addr's /metrics as memfs top does.
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	s, err := promstat.Parse(resp.Body, time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := scrapeMetrics(ctx, addr)
 	require.NoError(t, err)
 	return s.Families
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/internal/progress"
 )
 
 var (
@@ -22,7 +23,7 @@ var cloneCmd = &cobra.Command{
 and blocks stay shared until either side writes them. One command, applied
 atomically: DST appears whole or not at all.`,
 	Args: cobra.ExactArgs(2),
-	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
 		fi, err := c.Lstat(args[0])
 		if err != nil {
 			return err
@@ -30,7 +31,15 @@ atomically: DST appears whole or not at all.`,
 		if fi.IsDir() && !cloneRecursive {
 			return usageError{fmt.Errorf("clone %s: is a directory (use -r)", args[0])}
 		}
-		return c.Clone(args[0], args[1])
+		// One atomic command: its progress cannot be known, only that it
+		// is still running.
+		stop := func() {}
+		if fi.IsDir() {
+			stop = progress.Waiting(cmd.ErrOrStderr(), "clone -r "+args[0], quietFlag)
+		}
+		err = c.Clone(args[0], args[1])
+		stop()
+		return err
 	}),
 }
 

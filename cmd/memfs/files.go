@@ -295,16 +295,19 @@ var rmCmd = &cobra.Command{
 	Use:   "rm [-r] PATH...",
 	Short: "Remove files, symlinks and empty directories (-r: whole trees)",
 	Args:  cobra.MinimumNArgs(1),
-	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
 		for _, name := range args {
 			if rmAll {
 				// Like rm -r, a missing path is an error.
 				if _, err := c.Lstat(name); err != nil {
 					return err
 				}
-				if err := c.RemoveAll(name); err != nil {
+				bar := progress.Items(cmd.ErrOrStderr(), "rm -r "+name, "entries", quietFlag)
+				if err := c.RemoveAllFunc(name, func(string) { bar.Add(1) }); err != nil {
+					bar.Stop()
 					return err
 				}
+				bar.Finish()
 				continue
 			}
 			if err := c.Remove(name); err != nil {

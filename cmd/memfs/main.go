@@ -1,5 +1,5 @@
 // Command memfs runs MemoryFS nodes (server, up) and talks to a running
-// cluster (status, node, and the file commands).
+// cluster (status, health, top, check perf, node, and the file commands).
 //
 // It only wires packages together: the node is package server, the file
 // commands use package client. It must not hold logic those packages need.

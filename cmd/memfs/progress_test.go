@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/client"
 )
 
 // tmuxSession runs shell commands in a detached tmux session on its own
@@ -60,18 +61,17 @@ func (s *tmuxSession) waitScreen(name, want string, d time.Duration) string {
 
 func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	tm := newTmux(t)
-	bin := buildMemfs(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
-	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
+	m := upCLI(t)
+	bin := m.bin
 	local := filepath.Join(t.TempDir(), "big")
 	require.NoError(t, os.WriteFile(local, randomData(24<<20, 5), 0o644))
 
 	// Into a pipe (a script): no bar, nothing on stderr.
 	_, errOut, code := m.run("", "put", local, "/piped")
-	require.Zero(t, code)
+	require.Zero(t, code, errOut)
 	require.Empty(t, errOut)
 	_, errOut, code = m.run("", "get", "/piped", filepath.Join(t.TempDir(), "back"))
-	require.Zero(t, code)
+	require.Zero(t, code, errOut)
 	require.Empty(t, errOut)
 
 	// On a terminal: a bar with the size, ending complete.
@@ -87,6 +87,27 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	got, err := os.ReadFile(back)
 	require.NoError(t, err)
 	require.Len(t, got, 24<<20)
+
+	// rm -r counts the entries it removes.
+	cl, err := client.New(context.Background(), strings.Split(m.cluster, ","))
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.MkdirAll("/tree/sub", 0o755))
+	for i := range 50 {
+		require.NoError(t, cl.WriteFile(fmt.Sprintf("/tree/sub/f%d", i), []byte("x"), 0o644))
+	}
+	// clone -r is one command: a spinner while it runs, erased at the end.
+	tm.run("clone", fmt.Sprintf("%s clone -r /tree /copy; echo status=$?; sleep 600", base), 150, 12)
+	screen = tm.waitScreen("clone", "status=", 2*time.Minute)
+	require.Equal(t, "status=0", strings.TrimSpace(screen))
+	require.Len(t, strings.Fields(m.ok("ls", "/copy/sub")), 50)
+
+	tm.run("rm", fmt.Sprintf("%s rm -r /tree; echo status=$?; sleep 600", base), 150, 12)
+	screen = tm.waitScreen("rm", "status=", 2*time.Minute)
+	require.Contains(t, screen, "status=0")
+	require.Regexp(t, `rm -r /tree \(52/-, [0-9.]+ entries/s\)`, screen, "50 files and 2 directories, and the rate")
+	_, errOut, code = m.run("", "ls", "/tree")
+	require.Equal(t, 1, code, errOut)
 
 	// --quiet: nothing on the terminal either.
 	tm.run("quiet", fmt.Sprintf("%s --quiet put %s /q; echo status=$?; sleep 600", base, local), 150, 12)

@@ -5,21 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/memoryfs/memfs/client/replace"
+	"github.com/memoryfs/memfs/internal/progress"
 )
 
 // The `memfs node replace` command: client/replace does the work; this
 // file draws its progress and prints its summary.
 
 // progressLine draws the catch-up progress on stderr: one refreshed line
-// on a terminal, a line every 2 s in a log file.
+// on a terminal, a line every 2 s in a log file, none with --quiet.
 type progressLine struct {
 	w        io.Writer
 	tty      bool
+	quiet    bool
 	id       string
 	now      func() time.Time
 	lastLine time.Time
@@ -27,18 +28,15 @@ type progressLine struct {
 }
 
 func newProgressLine(w io.Writer, id string) *progressLine {
-	p := &progressLine{w: w, id: id, now: time.Now}
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			p.tty = true
-		}
-	}
-	return p
+	return &progressLine{w: w, id: id, now: time.Now, tty: progress.IsTerminal(w), quiet: quietFlag}
 }
 
 // show draws the progress line: log position and lag, and block sync
 // counts once the node reports them.
 func (p *progressLine) show(pr replace.Progress) {
+	if p.quiet {
+		return
+	}
 	now := p.now()
 	if !p.tty && now.Sub(p.lastLine) < 2*time.Second {
 		return // a log file gets a line every 2 s, not a flood
@@ -87,9 +85,9 @@ func bar(done, total uint64, width int) string {
 	return "[" + strings.Repeat("#", full) + strings.Repeat(".", width-full) + "]"
 }
 
-// runReplace runs one replacement with its progress on progress.
-func runReplace(ctx context.Context, opts replace.Options, progress io.Writer) (replace.Summary, error) {
-	line := newProgressLine(progress, opts.New.ID)
+// runReplace runs one replacement with its progress on w.
+func runReplace(ctx context.Context, opts replace.Options, w io.Writer) (replace.Summary, error) {
+	line := newProgressLine(w, opts.New.ID)
 	opts.Progress, opts.Note = line.show, line.note
 	sum, err := replace.Run(ctx, opts)
 	line.endLine()

@@ -416,6 +416,12 @@ func TestReplaceProgressLine(t *testing.T) {
 			for _, w := range tc.not {
 				require.NotContains(t, out.String(), w)
 			}
+			// --quiet: no progress at all, only the steps.
+			out.Reset()
+			p = newProgressLine(&out, "n4")
+			p.quiet = true
+			p.show(pr)
+			require.Empty(t, out.String())
 		})
 	}
 }

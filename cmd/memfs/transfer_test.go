@@ -58,9 +58,8 @@ func noTemps(t *testing.T, listing string) {
 }
 
 func TestPutOutlastsTimeout(t *testing.T) {
-	bin := buildMemfs(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
-	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
+	m := upCLI(t)
+	bin := m.bin
 	data := make([]byte, 24<<20)
 	rand.NewChaCha8([32]byte{3}).Read(data)
 

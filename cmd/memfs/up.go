@@ -322,11 +322,17 @@ func (c *upCluster) printNext() {
 		f := c.files("admin")
 		fmt.Fprintf(w, "  export MEMFS_CA=%s MEMFS_CERT=%s MEMFS_KEY=%s\n", f.CA, f.Cert, f.Key)
 	}
+	var metrics []string
+	for _, n := range c.Nodes {
+		metrics = append(metrics, n.MetricsAddr)
+	}
+	fmt.Fprintf(w, "  export MEMFS_METRICS=%s\n", strings.Join(metrics, ","))
 	fmt.Fprintf(w, "  echo hello > /tmp/hello.txt\n")
 	fmt.Fprintf(w, "  %s put /tmp/hello.txt /hello.txt\n", me)
 	fmt.Fprintf(w, "  %s ls -l /\n", me)
 	fmt.Fprintf(w, "  %s cat /hello.txt\n", me)
 	fmt.Fprintf(w, "  %s status\n", me)
+	fmt.Fprintf(w, "  %s top\n", me)
 	fmt.Fprintf(w, "\nPress Ctrl-C to stop the cluster; the data stays in %s.\n", c.Dir)
 }
 

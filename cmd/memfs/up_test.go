@@ -143,6 +143,18 @@ func startUp(t *testing.T, bin, dir string, base int, secure bool, serverArgs ..
 	return p
 }
 
+// upCLI starts a 3-node cluster of real node processes with memfs up and
+// returns the CLI against it. Tests that load the cluster use it rather
+// than an in-process cluster, which the race detector would slow down
+// beside the load until sessions expire.
+func upCLI(t *testing.T) cli {
+	t.Helper()
+	bin := memfsBinary(t)
+	p := startUp(t, bin, t.TempDir(), freeBasePort(t, 3), false)
+	waitStatus(t, bin, p)
+	return cli{t: t, bin: bin, cluster: p.cluster}
+}
+
 // stop sends SIGINT, as Ctrl-C does, and waits for a clean exit.
 func (p *upProcess) stop(t *testing.T) {
 	t.Helper()
@@ -241,6 +253,8 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "memfs: ")
 
+	require.Contains(t, p.out.String(), fmt.Sprintf("export MEMFS_METRICS=127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+		base+201, base+202, base+203), "what memfs top reads")
 	// up waited for every node's /readyz, which memfs health asks too.
 	for i := 1; i <= 3; i++ {
 		m := fmt.Sprintf("127.0.0.1:%d", base+200+i)

@@ -1,5 +1,6 @@
-// Package progress draws a progress bar for a long command (bytes done,
-// rate, time left) on a terminal, with github.com/schollz/progressbar.
+// Package progress draws a progress bar for a long command (bytes or
+// items done, rate, time left) on a terminal, with
+// github.com/schollz/progressbar.
 //
 // It draws only on a terminal: into a pipe or a file, or when asked to be
 // quiet, a Bar does nothing, so scripts read the same output they always
@@ -51,6 +52,65 @@ func Bytes(w io.Writer, total int64, desc string, quiet bool) *Bar {
 	)}
 }
 
+// Items returns a bar on w counting items (unknown total: the count and
+// the rate), described by desc; nothing when quiet or w is no terminal.
+func Items(w io.Writer, desc, unit string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString(unit),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
+// Waiting shows a spinner and the elapsed time on w for one long operation
+// whose progress cannot be known, until the returned stop is called, which
+// erases it; nothing when quiet or w is no terminal.
+func Waiting(w io.Writer, desc string, quiet bool) (stop func()) {
+	if quiet || !IsTerminal(w) {
+		return func() {}
+	}
+	b := progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSpinnerType(14),
+	)
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			_ = b.Add(0) // redraws the spinner and the time
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+		_ = b.Clear()
+	}
+}
+
+// Add counts n items done.
+func (b *Bar) Add(n int) {
+	if b != nil {
+		_ = b.b.Add(n)
+	}
+}
+
 // Write counts len(p) bytes done, so a Bar can sit in an io.TeeReader.
 func (b *Bar) Write(p []byte) (int, error) {
 	if b != nil {
@@ -70,7 +130,6 @@ func (b *Bar) Finish() {
 // that an error message starts on a line of its own.
 func (b *Bar) Stop() {
 	if b != nil && !b.b.IsFinished() {
-		_ = b.b.Exit()
-		_, _ = io.WriteString(b.w, "\n")
+		_ = b.b.Exit() // which ends the line (OptionOnCompletion)
 	}
 }

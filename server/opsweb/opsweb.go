@@ -3,8 +3,9 @@
 // the live status page with the JSON it refreshes from.
 //
 // It only reads: nothing served here may change the cluster or the file
-// tree, and no request may block on the network for longer than a status
-// query's own timeout, so the page stays usable on a cluster under load.
+// tree, and no request may wait on the network (the page's data is
+// gathered in the background), so the endpoints stay usable on a cluster
+// under load.
 package opsweb
 
 import (

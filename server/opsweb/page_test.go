@@ -82,3 +82,41 @@ func opRate(d opsweb.PageData, name string) float64 {
 	}
 	return 0
 }
+
+// TestPageShowsMembersThatDoNotAnswer stops two of three nodes: the page of
+// the last one still answers, from its own readings, and names the
+// members it could not ask.
+func TestPageShowsMembersThatDoNotAnswer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := server.StartCluster(t, 3, server.WithNodeConfig(func(i int, cfg *server.Config) {
+		if i == 0 {
+			cfg.Registerer = reg
+		}
+	}))
+	n := c.Node(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	srv := httptest.NewServer(opsweb.NewPage(ctx, n, reg, slog.Default()))
+	t.Cleanup(srv.Close)
+	c.Stop(1)
+	c.Stop(2)
+
+	var d opsweb.PageData
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(srv.URL + "/api/status")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		d = opsweb.PageData{}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&d))
+		failed := 0
+		for _, m := range d.Cluster.Nodes {
+			if m.Error != "" {
+				failed++
+			}
+		}
+		return failed == 2
+	}, 60*time.Second, 200*time.Millisecond, "the page never named the stopped members")
+	require.Len(t, d.Cluster.Nodes, 3)
+	require.Equal(t, n.ID(), d.ServedBy)
+}
