@@ -139,7 +139,9 @@ func TestFlockCounterAcrossMounts(t *testing.T) {
 	dirs := []string{mountOn(t, addrs[:1], Options{}).Dir(), mountOn(t, addrs[1:2], Options{}).Dir()}
 	require.NoError(t, os.WriteFile(filepath.Join(dirs[0], "C"), []byte("0\n"), 0o644))
 	const rounds = 10
-	script := `for i in $(seq ` + strconv.Itoa(rounds) + `); do flock L sh -c 'n=$(cat C); echo $((n+1)) > C' || exit 1; done`
+	// The shell changes into the mount after exec, never the forked
+	// child before it (see run).
+	script := `cd "$1" && for i in $(seq ` + strconv.Itoa(rounds) + `); do flock L sh -c 'n=$(cat C); echo $((n+1)) > C' || exit 1; done`
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -149,8 +151,8 @@ func TestFlockCounterAcrossMounts(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.CommandContext(ctx, "sh", "-c", script)
-			cmd.Dir = d
+			cmd := exec.CommandContext(ctx, "sh", "-c", script, "sh", d)
+			cmd.WaitDelay = 5 * time.Second
 			outs[i], errs[i] = cmd.CombinedOutput()
 		}()
 	}
@@ -181,7 +183,7 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return strings.TrimSpace(string(out)), err
 	}
-	out, err := sqlite(dirs[0], "CREATE TABLE t(who TEXT, n INTEGER);\n")
+	out, err := sqlite(dirs[0], "CREATE TABLE t(who TEXT, n INTEGER, pad BLOB);\n")
 	require.NoError(t, err, out)
 	const rows = 15
 	var wg sync.WaitGroup
@@ -191,7 +193,10 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 		var sql strings.Builder
 		for n := range rows {
 			sql.WriteString("BEGIN IMMEDIATE;\n")
-			sql.WriteString("INSERT INTO t VALUES('" + strconv.Itoa(i) + "', (SELECT count(*) FROM t));\n")
+			// Rows of 3 KiB grow the file at every commit, so a
+			// mount that kept a stale size or stale pages would read
+			// a database cut short or old.
+			sql.WriteString("INSERT INTO t VALUES('" + strconv.Itoa(i) + "', (SELECT count(*) FROM t), randomblob(3000));\n")
 			sql.WriteString("COMMIT;\n")
 			_ = n
 		}
@@ -209,9 +214,9 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 	for _, d := range dirs {
 		// Each insert counted the rows before it under the write lock,
 		// so the counts are 0..N-1, each once, if no update was lost.
-		out, err := sqlite(d, "SELECT count(*), count(DISTINCT n), max(n) FROM t;\n")
+		out, err := sqlite(d, "SELECT count(*), count(DISTINCT n), max(n) FROM t;\nPRAGMA integrity_check;\n")
 		require.NoError(t, err, out)
-		require.Equal(t, strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows-1), out)
+		require.Equal(t, strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows-1)+"\nok", out)
 	}
 }
 
