@@ -19,6 +19,14 @@ import (
 	"github.com/memoryfs/memfs/client"
 )
 
+// twoMounts mounts a new 3-node cluster twice, through two nodes, as two
+// hosts would.
+func twoMounts(t *testing.T) (*MountPoint, *MountPoint) {
+	t.Helper()
+	addrs := startCluster(t, 3).APIAddrs()
+	return mountOn(t, addrs[:1], Options{}), mountOn(t, addrs[1:2], Options{})
+}
+
 func flockT(typ int16, start, length int64) *syscall.Flock_t {
 	return &syscall.Flock_t{Type: typ, Whence: 0, Start: start, Len: length}
 }
@@ -60,10 +68,7 @@ func async(f func() error) <-chan error {
 // another host); close releases them as POSIX and flock say, and wakes a
 // waiter on the other mount.
 func TestLocksAcrossMounts(t *testing.T) {
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	pa, pb := filepath.Join(a.Dir(), "f"), filepath.Join(b.Dir(), "f")
 	require.NoError(t, os.WriteFile(pa, []byte("data"), 0o644))
 	fa, fb := openRW(t, pa), openRW(t, pb)
@@ -106,10 +111,7 @@ func TestLocksAcrossMounts(t *testing.T) {
 // mount takes a signal: flock -w sets an alarm and gives up.
 func TestLockWaitInterrupted(t *testing.T) {
 	requireProgram(t, "flock")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	require.NoError(t, os.WriteFile(filepath.Join(a.Dir(), "L"), nil, 0o644))
 	fa := openRW(t, filepath.Join(a.Dir(), "L"))
 	require.NoError(t, syscall.Flock(int(fa.Fd()), syscall.LOCK_EX))
@@ -134,9 +136,8 @@ func TestLockWaitInterrupted(t *testing.T) {
 // a read-modify-write of a counter file; no increment is lost.
 func TestFlockCounterAcrossMounts(t *testing.T) {
 	requireProgram(t, "flock")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	dirs := []string{mountOn(t, addrs[:1], Options{}).Dir(), mountOn(t, addrs[1:2], Options{}).Dir()}
+	a, b := twoMounts(t)
+	dirs := []string{a.Dir(), b.Dir()}
 	require.NoError(t, os.WriteFile(filepath.Join(dirs[0], "C"), []byte("0\n"), 0o644))
 	const rounds = 10
 	// The shell changes into the mount after exec, never the forked
@@ -172,9 +173,8 @@ func TestFlockCounterAcrossMounts(t *testing.T) {
 // them apart, and no row is lost.
 func TestSQLiteAcrossMounts(t *testing.T) {
 	requireProgram(t, "sqlite3")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	dirs := []string{mountOn(t, addrs[:1], Options{}).Dir(), mountOn(t, addrs[1:2], Options{}).Dir()}
+	a, b := twoMounts(t)
+	dirs := []string{a.Dir(), b.Dir()}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	sqlite := func(dir, sql string) (string, error) {
@@ -294,10 +294,7 @@ func requireProgram(t *testing.T, name string) {
 // belong to the open file: closing another descriptor of the same file
 // keeps them, and the last close of their own ends them.
 func TestOFDLocksAcrossMounts(t *testing.T) {
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	pa, pb := filepath.Join(a.Dir(), "f"), filepath.Join(b.Dir(), "f")
 	require.NoError(t, os.WriteFile(pa, []byte("data"), 0o644))
 	fa, other, fb := openRW(t, pa), openRW(t, pa), openRW(t, pb)
