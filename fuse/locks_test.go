@@ -19,6 +19,14 @@ import (
 	"github.com/memoryfs/memfs/client"
 )
 
+// twoMounts mounts a new 3-node cluster twice, through two nodes, as two
+// hosts would.
+func twoMounts(t *testing.T) (*MountPoint, *MountPoint) {
+	t.Helper()
+	addrs := startCluster(t, 3).APIAddrs()
+	return mountOn(t, addrs[:1], Options{}), mountOn(t, addrs[1:2], Options{})
+}
+
 func flockT(typ int16, start, length int64) *syscall.Flock_t {
 	return &syscall.Flock_t{Type: typ, Whence: 0, Start: start, Len: length}
 }
@@ -60,10 +68,7 @@ func async(f func() error) <-chan error {
 // another host); close releases them as POSIX and flock say, and wakes a
 // waiter on the other mount.
 func TestLocksAcrossMounts(t *testing.T) {
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	pa, pb := filepath.Join(a.Dir(), "f"), filepath.Join(b.Dir(), "f")
 	require.NoError(t, os.WriteFile(pa, []byte("data"), 0o644))
 	fa, fb := openRW(t, pa), openRW(t, pb)
@@ -106,10 +111,7 @@ func TestLocksAcrossMounts(t *testing.T) {
 // mount takes a signal: flock -w sets an alarm and gives up.
 func TestLockWaitInterrupted(t *testing.T) {
 	requireProgram(t, "flock")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	require.NoError(t, os.WriteFile(filepath.Join(a.Dir(), "L"), nil, 0o644))
 	fa := openRW(t, filepath.Join(a.Dir(), "L"))
 	require.NoError(t, syscall.Flock(int(fa.Fd()), syscall.LOCK_EX))
@@ -127,19 +129,24 @@ func TestLockWaitInterrupted(t *testing.T) {
 	require.NoError(t, syscall.Flock(int(fa.Fd()), syscall.LOCK_UN))
 	out, err = exec.CommandContext(ctx, "flock", "-n", filepath.Join(b.Dir(), "L"), "true").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	require.NoError(t, syscall.Flock(int(fa.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+	// flock(1) on b has exited, but the kernel sends the RELEASE that
+	// ends its lock after the close returned.
+	poll(t, 30*time.Second, "a locks again", func() bool {
+		return syscall.Flock(int(fa.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
 }
 
 // TestFlockCounterAcrossMounts: flock(1) is a mutex between hosts around
 // a read-modify-write of a counter file; no increment is lost.
 func TestFlockCounterAcrossMounts(t *testing.T) {
 	requireProgram(t, "flock")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	dirs := []string{mountOn(t, addrs[:1], Options{}).Dir(), mountOn(t, addrs[1:2], Options{}).Dir()}
+	a, b := twoMounts(t)
+	dirs := []string{a.Dir(), b.Dir()}
 	require.NoError(t, os.WriteFile(filepath.Join(dirs[0], "C"), []byte("0\n"), 0o644))
 	const rounds = 10
-	script := `for i in $(seq ` + strconv.Itoa(rounds) + `); do flock L sh -c 'n=$(cat C); echo $((n+1)) > C' || exit 1; done`
+	// The shell changes into the mount after exec, never the forked
+	// child before it (see run).
+	script := `cd "$1" && for i in $(seq ` + strconv.Itoa(rounds) + `); do flock L sh -c 'n=$(cat C); echo $((n+1)) > C' || exit 1; done`
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -149,8 +156,8 @@ func TestFlockCounterAcrossMounts(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.CommandContext(ctx, "sh", "-c", script)
-			cmd.Dir = d
+			cmd := exec.CommandContext(ctx, "sh", "-c", script, "sh", d)
+			cmd.WaitDelay = 5 * time.Second
 			outs[i], errs[i] = cmd.CombinedOutput()
 		}()
 	}
@@ -170,9 +177,8 @@ func TestFlockCounterAcrossMounts(t *testing.T) {
 // them apart, and no row is lost.
 func TestSQLiteAcrossMounts(t *testing.T) {
 	requireProgram(t, "sqlite3")
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	dirs := []string{mountOn(t, addrs[:1], Options{}).Dir(), mountOn(t, addrs[1:2], Options{}).Dir()}
+	a, b := twoMounts(t)
+	dirs := []string{a.Dir(), b.Dir()}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	sqlite := func(dir, sql string) (string, error) {
@@ -181,7 +187,7 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return strings.TrimSpace(string(out)), err
 	}
-	out, err := sqlite(dirs[0], "CREATE TABLE t(who TEXT, n INTEGER);\n")
+	out, err := sqlite(dirs[0], "CREATE TABLE t(who TEXT, n INTEGER, pad BLOB);\n")
 	require.NoError(t, err, out)
 	const rows = 15
 	var wg sync.WaitGroup
@@ -191,7 +197,10 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 		var sql strings.Builder
 		for n := range rows {
 			sql.WriteString("BEGIN IMMEDIATE;\n")
-			sql.WriteString("INSERT INTO t VALUES('" + strconv.Itoa(i) + "', (SELECT count(*) FROM t));\n")
+			// Rows of 3 KiB grow the file at every commit, so a
+			// mount that kept a stale size or stale pages would read
+			// a database cut short or old.
+			sql.WriteString("INSERT INTO t VALUES('" + strconv.Itoa(i) + "', (SELECT count(*) FROM t), randomblob(3000));\n")
 			sql.WriteString("COMMIT;\n")
 			_ = n
 		}
@@ -209,9 +218,9 @@ func TestSQLiteAcrossMounts(t *testing.T) {
 	for _, d := range dirs {
 		// Each insert counted the rows before it under the write lock,
 		// so the counts are 0..N-1, each once, if no update was lost.
-		out, err := sqlite(d, "SELECT count(*), count(DISTINCT n), max(n) FROM t;\n")
+		out, err := sqlite(d, "SELECT count(*), count(DISTINCT n), max(n) FROM t;\nPRAGMA integrity_check;\n")
 		require.NoError(t, err, out)
-		require.Equal(t, strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows-1), out)
+		require.Equal(t, strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows)+"|"+strconv.Itoa(2*rows-1)+"\nok", out)
 	}
 }
 
@@ -289,10 +298,7 @@ func requireProgram(t *testing.T, name string) {
 // belong to the open file: closing another descriptor of the same file
 // keeps them, and the last close of their own ends them.
 func TestOFDLocksAcrossMounts(t *testing.T) {
-	cl := startCluster(t, 3)
-	addrs := cl.APIAddrs()
-	a := mountOn(t, addrs[:1], Options{})
-	b := mountOn(t, addrs[1:2], Options{})
+	a, b := twoMounts(t)
 	pa, pb := filepath.Join(a.Dir(), "f"), filepath.Join(b.Dir(), "f")
 	require.NoError(t, os.WriteFile(pa, []byte("data"), 0o644))
 	fa, other, fb := openRW(t, pa), openRW(t, pa), openRW(t, pb)
