@@ -65,3 +65,24 @@ func TestSessionOwner(t *testing.T) {
 		writeSeed(t, "FuzzRestore", "session-owner", snap.Bytes())
 	}
 }
+
+func TestSessionsPerOwner(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	open := func(owner string) *pb.Result {
+		return h.Do(&pb.Command{Owner: owner, Op: &pb.Command_OpenSession{OpenSession: &pb.OpenSessionCmd{LeaseMs: 60_000}}})
+	}
+	var first uint64
+	for i := range 1024 {
+		r := open("token:greedy")
+		require.Zero(t, r.Errno, r.Message)
+		if i == 0 {
+			first = r.Session
+		}
+	}
+	r := open("token:greedy")
+	require.Equal(t, uint32(syscall.EUSERS), r.Errno, r.Message)
+	require.Zero(t, open("token:other").Errno, "other identities are not held back")
+	require.Zero(t, open("").Errno, "unidentified clients (no TLS) have no bound")
+	h.Must(&pb.Command{Owner: "token:greedy", Session: first, Seq: 1, Op: &pb.Command_CloseSession{CloseSession: &pb.CloseSessionCmd{}}})
+	require.Zero(t, open("token:greedy").Errno, "a closed session frees its place")
+}
