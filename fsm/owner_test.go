@@ -1,7 +1,6 @@
 package fsm_test
 
 import (
-	"bytes"
 	"os"
 	"syscall"
 	"testing"
@@ -48,21 +47,14 @@ func TestSessionOwner(t *testing.T) {
 	require.Equal(t, uint32(syscall.ENOENT), h.F.Query(ft.StatLoc(ft.Path("/m"))).Errno, "no refused command changed the tree")
 
 	// The owner survives a snapshot, which writes back the same bytes.
-	var snap bytes.Buffer
-	_, err := h.F.Snapshot().WriteTo(&snap)
-	require.NoError(t, err)
-	g, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	require.NoError(t, g.Restore(bytes.NewReader(snap.Bytes())))
-	var again bytes.Buffer
-	_, err = g.Snapshot().WriteTo(&again)
-	require.NoError(t, err)
-	require.Equal(t, snap.Bytes(), again.Bytes())
+	snap := snapBytes(t, h.F)
+	g := restored(t, snap)
+	require.Equal(t, snap, snapBytes(t, g))
 	r := g.Apply(100, ft.Entry(ft.Start+int64(1e9), cmd("cert:mallory", mine, 4, "/m")))
 	require.Equal(t, uint32(syscall.EPERM), r[0].Errno)
 
 	if os.Getenv("MEMFS_WRITE_SEEDS") != "" {
-		writeSeed(t, "FuzzRestore", "session-owner", snap.Bytes())
+		writeSeed(t, "FuzzRestore", "session-owner", snap)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"runtime"
 	"slices"
@@ -28,18 +27,6 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
-
-// closedWithin reports whether the peer closes conn within d (a read ends
-// in EOF or a reset rather than the deadline).
-func closedWithin(conn net.Conn, d time.Duration) bool {
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, conn)
-	if err == nil {
-		return true // EOF
-	}
-	ne, ok := err.(net.Error)
-	return !ok || !ne.Timeout()
-}
 
 func tlsClient(t *testing.T, c *server.Cluster) *client.Client {
 	t.Helper()
@@ -134,7 +121,7 @@ func TestHostileClients(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write(garbage)
-			closedWithin(conn, 5*time.Second)
+			server.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // slow loris: the start of a TLS record, then nothing
@@ -143,7 +130,7 @@ func TestHostileClients(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write([]byte{0x16, 0x03, 0x01, 0x02})
-			closedWithin(conn, 10*time.Second)
+			server.ClosedWithin(conn, 10*time.Second)
 			_ = conn.Close()
 		})
 	}
@@ -163,7 +150,7 @@ func TestHostileClients(t *testing.T) {
 			b.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0})          // empty SETTINGS
 			b.Write([]byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1}) // DATA, 16 MiB declared
 			_, _ = conn.Write(b.Bytes())
-			closedWithin(conn, 5*time.Second)
+			server.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // no certificate, no token
@@ -209,7 +196,7 @@ func TestHostileClients(t *testing.T) {
 	// Every idle connection was dropped by the handshake timeout.
 	closed := 0
 	for _, conn := range idleConns {
-		if closedWithin(conn, 30*time.Second) {
+		if server.ClosedWithin(conn, 30*time.Second) {
 			closed++
 		}
 		_ = conn.Close()
