@@ -355,6 +355,9 @@ func (t *tx) expireSessions() {
 // and dropping its queued ones), forgets its recorded results and removes
 // it.
 func (t *tx) endSession(id uint64) {
+	// The session goes first, so closing its handles copies nothing of it.
+	t.sessions.del(u64key(id))
+	delete(t.freshSess, id)
 	var hs []uint64
 	t.handles.root().Walk(func(_ []byte, h *handle) bool {
 		if h.session == id {
@@ -365,7 +368,5 @@ func (t *tx) endSession(id uint64) {
 	for _, h := range hs {
 		t.closeHandle(h)
 	}
-	t.sessions.del(u64key(id))
-	delete(t.freshSess, id)
 	t.dropCaps(id, 0)
 }

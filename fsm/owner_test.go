@@ -78,3 +78,32 @@ func TestSessionsPerOwner(t *testing.T) {
 	h.Must(&pb.Command{Owner: "token:greedy", Session: first, Seq: 1, Op: &pb.Command_CloseSession{CloseSession: &pb.CloseSessionCmd{}}})
 	require.Zero(t, open("token:greedy").Errno, "a closed session frees its place")
 }
+
+func TestHandlesPerSession(t *testing.T) {
+	h := ft.New(t, fsm.Config{ChunkSize: cs})
+	h.Session = h.OpenSession(600_000)
+	h.Must(h.Sess(ft.Create("/f")))
+	var first uint64
+	opened := 1 // the create's handle
+	for opened < 1<<16 {
+		var cmds []*pb.Command
+		for range min(4096, 1<<16-opened) {
+			cmds = append(cmds, h.Sess(ft.Open("/f", ft.ORdonly, 0)))
+		}
+		for _, r := range h.Apply(cmds...) {
+			require.Zero(t, r.Errno, r.Message)
+			if first == 0 {
+				first = r.Handle
+			}
+			opened++
+		}
+	}
+	r := h.Do(h.Sess(ft.Open("/f", ft.ORdonly, 0)))
+	require.Equal(t, uint32(syscall.EMFILE), r.Errno, r.Message)
+	// The count is derived: a restored state knows it too.
+	g := restored(t, snapBytes(t, h.F))
+	res := g.Apply(h.Index+1, ft.Entry(h.Time, h.Sess(ft.Open("/f", ft.ORdonly, 0))))
+	require.Equal(t, uint32(syscall.EMFILE), res[0].Errno)
+	h.Must(h.Sess(ft.Close(first)))
+	require.Zero(t, h.Do(h.Sess(ft.Open("/f", ft.ORdonly, 0))).Errno, "a closed handle frees its place")
+}
