@@ -250,6 +250,9 @@ func (t *tx) openSession(x *pb.OpenSessionCmd, owner string) (*pb.Result, error)
 	if len(owner) > maxClientLen {
 		return nil, errf(syscall.EINVAL, "owner of %d bytes", len(owner))
 	}
+	if owner != "" && t.sessionsOf(owner) >= maxSessionsPerOwner {
+		return nil, errf(syscall.EUSERS, "%s holds %d sessions already; close some or let them expire", owner, maxSessionsPerOwner)
+	}
 	s := &session{id: t.nextSession, leaseMs: lease, expires: leaseEnd(t.now, lease), client: x.Client, owner: owner}
 	t.nextSession++
 	t.sessions.put(u64key(s.id), s)
@@ -257,6 +260,25 @@ func (t *tx) openSession(x *pb.OpenSessionCmd, owner string) (*pb.Result, error)
 		t.minLease = s.expires
 	}
 	return &pb.Result{Session: s.id, LeaseMs: lease}, nil
+}
+
+// maxSessionsPerOwner bounds the sessions one identity holds at once, so
+// that an authenticated client cannot grow the replicated state (a session
+// keeps up to maxDups results) without bound. Without TLS commands have no
+// owner and no bound.
+const maxSessionsPerOwner = 1024
+
+// sessionsOf counts owner's sessions (a walk of all sessions: only
+// identified clients pay for it, once per session they open).
+func (t *tx) sessionsOf(owner string) int {
+	n := 0
+	t.sessions.root().Walk(func(_ []byte, s *session) bool {
+		if s.owner == owner {
+			n++
+		}
+		return false
+	})
+	return n
 }
 
 // leaseEnd is now + ms, saturating instead of overflowing.
@@ -335,6 +357,9 @@ func (t *tx) expireSessions() {
 // and dropping its queued ones), releases its file locks, forgets its
 // recorded results and removes it.
 func (t *tx) endSession(id uint64) {
+	// The session goes first, so closing its handles copies nothing of it.
+	t.sessions.del(u64key(id))
+	delete(t.freshSess, id)
 	var hs []uint64
 	t.handles.root().Walk(func(_ []byte, h *handle) bool {
 		if h.session == id {
@@ -345,8 +370,6 @@ func (t *tx) endSession(id uint64) {
 	for _, h := range hs {
 		t.closeHandle(h)
 	}
-	t.sessions.del(u64key(id))
-	delete(t.freshSess, id)
 	t.dropCaps(id, 0)
 	t.dropLocks(id)
 }

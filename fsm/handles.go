@@ -87,6 +87,13 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 			return nil, errRecall
 		}
 	}
+	cur := t.session(sess.id) // sess may be a batch's stale copy
+	if cur == nil {
+		return nil, errf(syscall.ESTALE, "session %d ended", sess.id)
+	}
+	if cur.handles >= maxHandlesPerSession {
+		return nil, errf(syscall.EMFILE, "session %d has %d handles open", sess.id, cur.handles)
+	}
 	// Validated: from here on nothing fails.
 	var epoch uint64
 	if n == nil {
@@ -97,6 +104,9 @@ func (t *tx) open(x *pb.OpenCmd, sess *session) (*pb.Result, error) {
 	h := &handle{id: t.nextHandle, session: sess.id, ino: n.ino, flags: flags, excl: x.Exclusive, granted: !queued}
 	t.nextHandle++
 	t.handles.put(u64key(h.id), h)
+	// Through sessMut, not sess: within a batch, sess may be shared with
+	// the savepoint a failure goes back to.
+	t.sessMut(cur).handles++
 	n = t.mutQuiet(n)
 	n.opens++
 	if h.excl {
@@ -145,6 +155,10 @@ func (t *tx) closeCmd(x *pb.CloseCmd, sess *session) (*pb.Result, error) {
 	return &pb.Result{}, nil
 }
 
+// maxHandlesPerSession bounds a session's open handles (EMFILE past it),
+// so that one client cannot grow the replicated state without bound.
+const maxHandlesPerSession = 1 << 16
+
 // closeHandle closes a handle, granted or queued: the exclusive open
 // passes to the next in line, and an unlinked inode goes with its last
 // handle.
@@ -154,6 +168,9 @@ func (t *tx) closeHandle(id uint64) {
 		return
 	}
 	t.handles.del(u64key(id))
+	if s := t.session(h.session); s != nil && s.handles > 0 {
+		t.sessMut(s).handles--
+	}
 	if h.excl {
 		t.unlock(h)
 	}

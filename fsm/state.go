@@ -161,6 +161,7 @@ type session struct {
 	expires int64
 	client  string
 	owner   string // Command.owner of the command that opened it
+	handles uint32 // its open handles, queued ones included; derived
 	dups    []dupRec
 	// floor is the highest ack the client has sent: every seq below it
 	// has been answered, so a copy of one arriving late (held back by the

@@ -73,17 +73,10 @@ func TestTokensCreateListRevoke(t *testing.T) {
 	require.Nil(t, h.F.Token([]byte("short")))
 
 	// Tokens survive a snapshot and write back the same bytes.
-	var snap bytes.Buffer
-	_, err := h.F.Snapshot().WriteTo(&snap)
-	require.NoError(t, err)
-	g, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	require.NoError(t, g.Restore(bytes.NewReader(snap.Bytes())))
+	snap := snapBytes(t, h.F)
+	g := restored(t, snap)
 	require.Equal(t, list, g.Query(tokensQuery).Tokens)
-	var again bytes.Buffer
-	_, err = g.Snapshot().WriteTo(&again)
-	require.NoError(t, err)
-	require.Equal(t, snap.Bytes(), again.Bytes())
+	require.Equal(t, snap, snapBytes(t, g))
 
 	h.Must(tokenRevoke(alice.Id))
 	require.Nil(t, h.F.Token(hash[:]))
@@ -92,7 +85,7 @@ func TestTokensCreateListRevoke(t *testing.T) {
 	if os.Getenv("MEMFS_WRITE_SEEDS") != "" {
 		// The fuzz corpora's token seeds: this state's snapshot, and an
 		// entry creating and revoking tokens.
-		writeSeed(t, "FuzzRestore", "tokens", snap.Bytes())
+		writeSeed(t, "FuzzRestore", "tokens", snap)
 		writeSeed(t, "FuzzApplyBytes", "tokens", ft.Marshal(ft.Entry(ft.Start,
 			tokenCreate("seed", pb.Role_ROLE_ADMIN, "seed", time.Minute), tokenRevoke(alice.Id))))
 	}

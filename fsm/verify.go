@@ -162,6 +162,7 @@ func verifyChunks(s *state) error {
 func verifyHandles(s *state) error {
 	var err error
 	opens := make(map[uint64]uint32)
+	perSession := make(map[uint64]uint32)
 	s.handles.root().Walk(func(_ []byte, h *handle) bool {
 		switch {
 		case h.id == 0 || h.id >= s.nextHandle:
@@ -178,6 +179,7 @@ func verifyHandles(s *state) error {
 			err = badSnap("handle %d queued but not exclusive", h.id)
 		}
 		opens[h.ino]++
+		perSession[h.session]++
 		return err != nil
 	})
 	if err != nil {
@@ -187,6 +189,11 @@ func verifyHandles(s *state) error {
 		n := *s.inode(ino)
 		n.opens = c
 		s.inodes.put(u64key(ino), &n)
+	}
+	for id, c := range perSession {
+		x := *s.session(id)
+		x.handles = c
+		s.sessions.put(u64key(id), &x)
 	}
 	s.locks.root().Walk(func(k []byte, l *xlock) bool {
 		ino := be.Uint64(k)

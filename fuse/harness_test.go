@@ -97,19 +97,32 @@ func mountOn(t *testing.T, addrs []string, opt Options, copts ...client.Option) 
 // the kernel never asks again.
 func pollProbe(t *testing.T, dir string) {
 	t.Helper()
+	pollProbeAt(t, filepath.Join(dir, ".poll-probe"), true)
+}
+
+// pollProbeAt probes with the file at p: created (read-write) and removed
+// after, or, for a mount that may not change anything, an existing file
+// opened read-only.
+func pollProbeAt(t *testing.T, p string, create bool) {
+	t.Helper()
+	flags := syscall.O_RDONLY | syscall.O_CLOEXEC
+	if create {
+		flags = syscall.O_RDWR | syscall.O_CREAT | syscall.O_CLOEXEC
+	}
 	within(t, 20*time.Second, "poll probe", func() error {
-		p := filepath.Join(dir, ".poll-probe")
-		fd, err := syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
+		fd, err := syscall.Open(p, flags, 0o600)
 		for err == syscall.EINTR {
 			// The mount does not answer interrupted requests with EINTR
 			// (bazilfs.uninterrupted); retried anyway, as package os
 			// does, so a probe never fails a test on a signal.
-			fd, err = syscall.Open(p, syscall.O_RDWR|syscall.O_CREAT|syscall.O_CLOEXEC, 0o600)
+			fd, err = syscall.Open(p, flags, 0o600)
 		}
 		if err != nil {
 			return err
 		}
-		defer syscall.Unlink(p)
+		if create {
+			defer syscall.Unlink(p)
+		}
 		defer syscall.Close(fd)
 		ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 		if err != nil {

@@ -60,12 +60,12 @@ func (n *Node) identify(ctx context.Context) (caller, error) {
 }
 
 // authorize refuses a request whose caller lacks the role its method (and
-// command or query) needs, before any work, and returns the owner the
-// caller's commands carry. A node without TLS (--insecure) authorizes
-// everything: it cannot tell callers apart, and their owner is "".
-func (n *Node) authorize(ctx context.Context, method string, req any) (owner string, err error) {
+// command or query) needs, before any work, and returns the caller. A node
+// without TLS (--insecure) cannot tell callers apart: it authorizes
+// everything, as if each were a node, and their owner is "".
+func (n *Node) authorize(ctx context.Context, method string, req any) (caller, error) {
 	if n.cfg.TLS == nil {
-		return "", nil
+		return caller{role: pb.Role_ROLE_NODE}, nil
 	}
 	need := authz.Method(method)
 	switch r := req.(type) {
@@ -76,31 +76,31 @@ func (n *Node) authorize(ctx context.Context, method string, req any) (owner str
 	}
 	c, err := n.identify(ctx)
 	if err != nil {
-		return "", err
+		return caller{}, err
 	}
 	if c.role < need {
-		return "", status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: it needs role %s",
+		return caller{}, status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: it needs role %s",
 			c.name, authz.RoleName(c.role), method[strings.LastIndexByte(method, '/')+1:], authz.RoleName(need))
 	}
-	return c.owner, nil
+	return c, nil
 }
 
 // stampOwner sets a command's owner to its caller's, unless a node
 // forwarded it: the node that took it from the client stamped it already.
-func stampOwner(ctx context.Context, cmd *pb.Command, owner string, trusted bool) {
-	if cmd == nil || trusted && isForwarded(ctx) {
+func stampOwner(ctx context.Context, cmd *pb.Command, c caller) {
+	if cmd == nil || c.role == pb.Role_ROLE_NODE && isForwarded(ctx) {
 		return
 	}
-	cmd.Owner = owner
+	cmd.Owner = c.owner
 }
 
 func (n *Node) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	owner, err := n.authorize(ctx, info.FullMethod, req)
+	c, err := n.authorize(ctx, info.FullMethod, req)
 	if err != nil {
 		return nil, err
 	}
 	if r, ok := req.(*pb.ApplyRequest); ok {
-		stampOwner(ctx, r.GetCommand(), owner, n.fromNode(ctx))
+		stampOwner(ctx, r.GetCommand(), c)
 	}
 	return handler(ctx, req)
 }
@@ -109,34 +109,23 @@ func (n *Node) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInf
 // command is a write (service.Write refuses any other), and the other
 // streams carry no command.
 func (n *Node) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	owner, err := n.authorize(ss.Context(), info.FullMethod, nil)
+	c, err := n.authorize(ss.Context(), info.FullMethod, nil)
 	if err != nil {
 		return err
 	}
-	return handler(srv, &ownerStream{ServerStream: ss, owner: owner, trusted: n.fromNode(ss.Context())})
-}
-
-// fromNode reports whether the caller is another node (or anyone, on a
-// node without TLS, where a forwarded request cannot be told apart).
-func (n *Node) fromNode(ctx context.Context) bool {
-	if n.cfg.TLS == nil {
-		return true
-	}
-	c, err := n.identify(ctx)
-	return err == nil && c.role == pb.Role_ROLE_NODE
+	return handler(srv, &ownerStream{ServerStream: ss, caller: c})
 }
 
 // ownerStream stamps the owner on the command a Write stream carries.
 type ownerStream struct {
 	grpc.ServerStream
-	owner   string
-	trusted bool
+	caller caller
 }
 
 func (s *ownerStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
 	if f, ok := m.(*pb.WriteFrame); ok && err == nil {
-		stampOwner(s.Context(), f.GetCommand(), s.owner, s.trusted)
+		stampOwner(s.Context(), f.GetCommand(), s.caller)
 	}
 	return err
 }

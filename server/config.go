@@ -163,25 +163,21 @@ func DefaultLimits() Limits {
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.MaxConns == 0 {
-		l.MaxConns = d.MaxConns
-	}
-	if l.MaxConnsPerHost == 0 {
-		l.MaxConnsPerHost = d.MaxConnsPerHost
-	}
-	if l.MaxRaftConns == 0 {
-		l.MaxRaftConns = d.MaxRaftConns
-	}
-	if l.MaxRaftConnsPerHost == 0 {
-		l.MaxRaftConnsPerHost = d.MaxRaftConnsPerHost
-	}
-	if l.MaxStreams == 0 {
-		l.MaxStreams = d.MaxStreams
-	}
-	if l.HandshakeTimeout == 0 {
-		l.HandshakeTimeout = d.HandshakeTimeout
-	}
+	orDefault(&l.MaxConns, d.MaxConns)
+	orDefault(&l.MaxConnsPerHost, d.MaxConnsPerHost)
+	orDefault(&l.MaxRaftConns, d.MaxRaftConns)
+	orDefault(&l.MaxRaftConnsPerHost, d.MaxRaftConnsPerHost)
+	orDefault(&l.MaxStreams, d.MaxStreams)
+	orDefault(&l.HandshakeTimeout, d.HandshakeTimeout)
 	return l
+}
+
+// orDefault sets a zero *v to def.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Stores are the three stores Raft persists to.

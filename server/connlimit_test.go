@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"testing"
 	"time"
@@ -12,18 +11,6 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
-
-// closedWithin reports whether the peer closes conn within d (a read ends
-// in EOF or a reset rather than the deadline).
-func closedWithin(conn net.Conn, d time.Duration) bool {
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, conn)
-	if err == nil {
-		return true // EOF
-	}
-	ne, ok := err.(net.Error)
-	return !ok || !ne.Timeout()
-}
 
 func TestConnectionLimits(t *testing.T) {
 	c := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, cfg *server.Config) {
@@ -44,12 +31,12 @@ func TestConnectionLimits(t *testing.T) {
 			return false
 		}
 		defer conn.Close()
-		return closedWithin(conn, 500*time.Millisecond)
+		return server.ClosedWithin(conn, 500*time.Millisecond)
 	}, 10*time.Second, 50*time.Millisecond)
 	// Connections that never speak are dropped after the handshake
 	// timeout, which frees their places.
 	for _, conn := range idle {
-		require.True(t, closedWithin(conn, 30*time.Second), "an idle connection outlived the handshake timeout")
+		require.True(t, server.ClosedWithin(conn, 30*time.Second), "an idle connection outlived the handshake timeout")
 		_ = conn.Close()
 	}
 	require.Eventually(t, func() bool {

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -381,6 +383,19 @@ func (c *Cluster) Client(addr string) pb.MemFSClient {
 		c.conns[addr] = conn
 	}
 	return pb.NewMemFSClient(conn)
+}
+
+// ClosedWithin reports whether the peer closes conn within d: a read ends
+// in EOF or a reset rather than at the deadline. Tests of connections a
+// node must drop use it.
+func ClosedWithin(conn net.Conn, d time.Duration) bool {
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, conn)
+	if err == nil {
+		return true // EOF
+	}
+	ne, ok := err.(net.Error)
+	return !ok || !ne.Timeout()
 }
 
 // Shutdown stops every node (crash-like: fast, and graceful stops are

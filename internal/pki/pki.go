@@ -86,6 +86,21 @@ func serial() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 }
 
+// base is what every certificate starts from: a new key, a random serial
+// and the validity r asks for.
+func base(r Request) (crypto.Signer, *x509.Certificate, error) {
+	key, err := newKey(r.KeyType)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	nb, na := validity(r)
+	return key, &x509.Certificate{SerialNumber: sn, NotBefore: nb, NotAfter: na}, nil
+}
+
 func validity(r Request) (time.Time, time.Time) {
 	ttl := r.TTL
 	if ttl == 0 {
@@ -106,25 +121,13 @@ func NewCA(r Request) (*Pair, error) {
 	if r.Name == "" {
 		r.Name = "memfs CA"
 	}
-	key, err := newKey(r.KeyType)
+	key, tmpl, err := base(r)
 	if err != nil {
 		return nil, err
 	}
-	sn, err := serial()
-	if err != nil {
-		return nil, err
-	}
-	nb, na := validity(r)
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: r.Name, Organization: []string{"MemoryFS"}},
-		NotBefore:             nb,
-		NotAfter:              na,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
+	tmpl.Subject = pkix.Name{CommonName: r.Name, Organization: []string{"MemoryFS"}}
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature
+	tmpl.BasicConstraintsValid, tmpl.IsCA, tmpl.MaxPathLenZero = true, true, true
 	return sign(tmpl, key, tmpl, key)
 }
 
@@ -138,23 +141,13 @@ func (ca *Pair) Issue(r Request) (*Pair, error) {
 	if r.Name == "" {
 		return nil, errors.New("certificate name is empty")
 	}
-	key, err := newKey(r.KeyType)
+	key, tmpl, err := base(r)
 	if err != nil {
 		return nil, err
 	}
-	sn, err := serial()
-	if err != nil {
-		return nil, err
-	}
-	nb, na := validity(r)
-	tmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: r.Name, Organization: []string{"MemoryFS"}, OrganizationalUnit: []string{r.Role}},
-		NotBefore:    nb,
-		NotAfter:     na,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.Subject = pkix.Name{CommonName: r.Name, Organization: []string{"MemoryFS"}, OrganizationalUnit: []string{r.Role}}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if _, ok := ca.Key.(*ecdsa.PrivateKey); ok {
 		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
 	}

@@ -5,6 +5,7 @@
 package hostile_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -12,10 +13,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,18 +34,6 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
-
-// closedWithin reports whether the peer closes conn within d (a read ends
-// in EOF or a reset rather than the deadline).
-func closedWithin(conn net.Conn, d time.Duration) bool {
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, conn)
-	if err == nil {
-		return true // EOF
-	}
-	ne, ok := err.(net.Error)
-	return !ok || !ne.Timeout()
-}
 
 func tlsClient(t *testing.T, c *server.Cluster) *client.Client {
 	t.Helper()
@@ -61,9 +55,8 @@ func TestHostileClients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("thousands of connections")
 	}
-	c := server.StartCluster(t, 3, server.WithTLS(), server.WithNodeConfig(func(_ int, cfg *server.Config) {
-		cfg.Limits.HandshakeTimeout = 3 * time.Second
-	}))
+	// The default limits, the 10 s handshake timeout included.
+	c := server.StartCluster(t, 3, server.WithTLS())
 	honest := tlsClient(t, c)
 	ctx := context.Background()
 	big := make([]byte, 8<<20)
@@ -112,12 +105,18 @@ func TestHostileClients(t *testing.T) {
 	for _, n := range c.Nodes() {
 		targets = append(targets, n.APIAddr(), n.RaftAddr())
 	}
-	// Idle connections: 1000 on each API port, 40 on each Raft port.
+	// 10,000 idle connections held by another process (this one has
+	// file descriptors for the nodes' ends only), reopened as soon as a
+	// node drops one.
+	idle := idleBudget(10000)
+	attacker := startIdleAttacker(t, idle, c.APIAddrs())
+	// And 100 on each API port and 40 on each Raft port from here, each
+	// of which the node must drop.
 	var idleConns []net.Conn
 	for _, n := range c.Nodes() {
-		for i := range 1040 {
+		for i := range 140 {
 			addr := n.APIAddr()
-			if i >= 1000 {
+			if i >= 100 {
 				addr = n.RaftAddr()
 			}
 			conn, err := net.Dial("tcp", addr)
@@ -134,7 +133,7 @@ func TestHostileClients(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write(garbage)
-			closedWithin(conn, 5*time.Second)
+			server.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // slow loris: the start of a TLS record, then nothing
@@ -143,7 +142,7 @@ func TestHostileClients(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write([]byte{0x16, 0x03, 0x01, 0x02})
-			closedWithin(conn, 10*time.Second)
+			server.ClosedWithin(conn, 20*time.Second)
 			_ = conn.Close()
 		})
 	}
@@ -163,7 +162,7 @@ func TestHostileClients(t *testing.T) {
 			b.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0})          // empty SETTINGS
 			b.Write([]byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1}) // DATA, 16 MiB declared
 			_, _ = conn.Write(b.Bytes())
-			closedWithin(conn, 5*time.Second)
+			server.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // no certificate, no token
@@ -205,11 +204,13 @@ func TestHostileClients(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	rcancel()
+	reopened := attacker.stop()
+	require.Greater(t, reopened, int64(0), "the nodes dropped none of the attacker's idle connections")
 
 	// Every idle connection was dropped by the handshake timeout.
 	closed := 0
 	for _, conn := range idleConns {
-		if closedWithin(conn, 30*time.Second) {
+		if server.ClosedWithin(conn, 30*time.Second) {
 			closed++
 		}
 		_ = conn.Close()
@@ -225,10 +226,115 @@ func TestHostileClients(t *testing.T) {
 	require.Equal(t, big, got)
 
 	grew := int64(heapDuring.HeapInuse) - int64(heapBefore.HeapInuse)
-	t.Logf("attacks made: %d; idle conns: %d; heap in use %d MiB before, %d MiB under attack (3 nodes and the attackers, one process)",
-		attacks.Load(), len(idleConns), heapBefore.HeapInuse>>20, heapDuring.HeapInuse>>20)
+	t.Logf("attacks made: %d; idle conns: %d from another process (%d reopened after a node dropped them) and %d from this one; heap in use %d MiB before, %d MiB under attack (3 nodes and the in-process attackers)",
+		attacks.Load(), idle, reopened, len(idleConns), heapBefore.HeapInuse>>20, heapDuring.HeapInuse>>20)
 	t.Logf("honest write+read p50/p99: idle %v/%v, under attack %v/%v (x%.1f at p99)",
 		idleLat[len(idleLat)/2], p99(idleLat), attackLat[len(attackLat)/2], p99(attackLat),
 		float64(p99(attackLat))/float64(p99(idleLat)))
 	require.Less(t, grew, int64(1<<30), "the heap grew without bound under attack")
+}
+
+// idleBudget is want, or fewer where the open-file limit (which the nodes'
+// ends of the connections count against in this process) is lower.
+func idleBudget(want int) int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return want
+	}
+	return max(100, min(want, int(lim.Cur)-3000))
+}
+
+// idleAttacker is the process that holds idle connections.
+type idleAttacker struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startIdleAttacker runs this test binary as TestIdleAttacker holding n
+// connections to addrs, and returns once they are open.
+func startIdleAttacker(t *testing.T, n int, addrs []string) *idleAttacker {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIdleAttacker$", "-test.v")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("MEMFS_HOSTILE_IDLE=%d", n), "MEMFS_HOSTILE_ADDRS="+strings.Join(addrs, ","))
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	a := &idleAttacker{t: t, cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan bool, 1)
+	go func() {
+		for a.out.Scan() {
+			if a.out.Text() == "ready" {
+				ready <- true
+				return
+			}
+		}
+		ready <- false
+	}()
+	select {
+	case ok := <-ready:
+		require.True(t, ok, "the attacker process ended before its connections were open")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the attacker process did not open its connections within 60 s")
+	}
+	return a
+}
+
+// stop ends the attacker and returns how many connections it reopened.
+func (a *idleAttacker) stop() int64 {
+	_ = a.stdin.Close()
+	var reopened int64
+	for a.out.Scan() {
+		if v, ok := strings.CutPrefix(a.out.Text(), "reopened "); ok {
+			reopened, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	require.NoError(a.t, a.cmd.Wait())
+	return reopened
+}
+
+// TestIdleAttacker is not a test of its own: TestHostileClients runs the
+// test binary as this, with MEMFS_HOSTILE_IDLE connections to hold to the
+// MEMFS_HOSTILE_ADDRS, each reopened when a node drops it, until stdin
+// closes.
+func TestIdleAttacker(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("MEMFS_HOSTILE_IDLE"))
+	if n == 0 {
+		t.Skip("the attacker process of TestHostileClients")
+	}
+	addrs := strings.Split(os.Getenv("MEMFS_HOSTILE_ADDRS"), ",")
+	var opened, reopened atomic.Int64
+	done := make(chan struct{})
+	for i := range n {
+		addr := addrs[i%len(addrs)]
+		go func() {
+			for first := true; ; first = false {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					continue
+				}
+				if first {
+					opened.Add(1)
+				} else {
+					reopened.Add(1)
+				}
+				_, _ = io.Copy(io.Discard, conn) // until the node drops it
+				_ = conn.Close()
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return opened.Load() == int64(n) }, 60*time.Second, 10*time.Millisecond)
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	close(done)
+	fmt.Printf("reopened %d\n", reopened.Load())
 }
