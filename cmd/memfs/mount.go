@@ -94,7 +94,7 @@ func init() {
 	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
 	rootCmd.AddCommand(mountCmd)
 
-	upCmd.Flags().StringVar(&upMountDir, "mount", "", "also mount the cluster on this directory (FUSE)")
+	upCmd.Flags().StringVar(&upMountDir, "mount", "", "also mount the cluster on this directory (FUSE; made if missing), until up stops")
 	upHooks = append(upHooks, upMountHook)
 }
 
@@ -352,6 +352,10 @@ func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
 // startUpMount mounts the cluster at addrs on dir and returns the function
 // that unmounts it.
 func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer) (func(), error) {
+	// The README's first command mounts on ./mnt: made here when missing.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("mount: %w", err)
+	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cl, err := client.New(sctx, addrs, append(sec, client.WithName("memfs up --mount "+dir), client.WithCaps())...)
