@@ -243,7 +243,7 @@ func CheckAtime(name string) error {
 
 // covered is the kernel timeout of answers that do not say, with
 // capabilities (nil without: the attribute timeout).
-func covered(ops *fsops.ClientOps) func(uint64) time.Duration {
+func covered(ops *fsops.ClientOps) func(fsops.Attr) time.Duration {
 	if ops.Capabilities() {
 		return ops.KernelTimeout
 	}

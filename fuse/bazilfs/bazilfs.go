@@ -48,11 +48,11 @@ type Config struct {
 	AttrTimeout time.Duration
 	// EntryTimeout is how long the kernel may cache a name lookup.
 	EntryTimeout time.Duration
-	// Covered, when set, replaces both for an answer about an inode that
-	// does not say how long it holds (Attr.Valid): the mount caches under
-	// capabilities, and the kernel may keep only what one covers
-	// (fsops.ClientOps.KernelTimeout).
-	Covered func(ino uint64) time.Duration
+	// Covered, when set, decides how long the kernel may keep each
+	// answer, Attr.Valid included: the mount caches under capabilities,
+	// and the kernel may keep only what one covers while no other client
+	// conflicts with it (fsops.ClientOps.KernelTimeout).
+	Covered func(a fsops.Attr) time.Duration
 	// Debug, if set, receives bazil's trace of every request and reply.
 	Debug func(msg any)
 }
@@ -201,10 +201,10 @@ func caller(h *fuse.Header) fsops.Caller {
 // and the mount does not cache under capabilities).
 func (f *FS) timeout(a fsops.Attr, def time.Duration) time.Duration {
 	switch {
+	case f.cfg.Covered != nil:
+		return f.cfg.Covered(a)
 	case a.Valid > 0:
 		return a.Valid
-	case f.cfg.Covered != nil:
-		return f.cfg.Covered(a.Ino)
 	}
 	return def
 }

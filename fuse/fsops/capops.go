@@ -97,21 +97,38 @@ func (o *ClientOps) pinEntry(ctx context.Context, parent uint64, name string) {
 
 // recalled is the capability table's OnRecall: the inodes lose what the
 // mount and the kernel cached of them, and files opened locally are
-// pinned, before the capabilities go back.
+// pinned, before the capabilities go back. The kernel is told only of
+// inodes it may still answer about by itself (kerneltold.go), and of all
+// where it does not check its pages against the attributes.
 func (o *ClientOps) recalled(inos []uint64) {
 	o.stats.recalls.Add(uint64(len(inos)))
 	names := o.meta.forget(inos...)
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
+	var tell []uint64
+	var latest time.Time
 	for _, ino := range inos {
 		o.dropWindows(ino)
 		o.noXattrs.drop(ino)
 		o.pin(ctx, ino)
+		at, holds := o.told.recall(ino)
+		if holds || !o.opt.KernelChecksData {
+			tell = append(tell, ino)
+			if at.After(latest) {
+				latest = at
+			}
+		}
 	}
-	// A GETATTR being answered meanwhile must reach the kernel first
-	// (fetchSet); bounded, as the recall holds up another client.
-	o.fetches.wait(inos, recallWaitsForGetattr)
-	o.invalidateKernel(names, inos)
+	if len(tell) > 0 {
+		// A GETATTR being answered meanwhile, or answered so lately that
+		// the kernel may not have applied it yet, must go first; bounded,
+		// as the recall holds up another client.
+		o.fetches.wait(tell, recallWaitsForGetattr)
+		if d := time.Until(latest.Add(kernelApplies)); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	o.invalidateKernel(names, tell)
 }
 
 // recallWaitsForGetattr bounds how long a recall waits for GETATTRs of its

@@ -75,7 +75,8 @@ type ClientOps struct {
 	localNext  atomic.Uint64
 	localOpens atomic.Int64
 
-	fetches fetchSet // GETATTRs being answered (watch.go)
+	fetches fetchSet   // GETATTRs being answered (watch.go)
+	told    kernelTold // what the kernel may answer about by itself
 
 	filesMu  sync.Mutex
 	files    map[uint64]map[uint64]*openFile // guarded by filesMu: ino → handle → file

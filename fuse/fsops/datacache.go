@@ -35,6 +35,7 @@ type window struct {
 	ino  uint64
 	off  int64
 	by   uint64        // the handle whose read started the fetch
+	held bool          // the fetch began under a capability (or none are used)
 	done chan struct{} // closed once data and err are set
 	data []byte        // shorter than raWindow at the end of the file
 	err  error
@@ -82,16 +83,19 @@ func (c *dataCache) lookup(ino uint64, off int64) *window {
 
 // window returns ino's window at off for handle by; when there is none
 // that by may read (see usable) it adds one and calls fetch(w) in a new
-// goroutine, which must set w.data and w.err.
-func (c *dataCache) window(ino uint64, off int64, by uint64, shared bool, fetch func(w *window)) *window {
+// goroutine, which must set w.data and w.err, and reports that it did.
+// held, called under the cache's lock once the window can be found and
+// dropped, says whether ino's capability covers the fetch: a recall after
+// it drops the window, and one before it left held false.
+func (c *dataCache) window(ino uint64, off int64, by uint64, shared bool, held func() bool, fetch func(w *window)) (*window, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w := c.inos[ino][off]; w != nil {
-		if shared || w.by == by {
+		if w.held && (shared || w.by == by) {
 			c.lru.MoveToFront(w.elem)
-			return w
+			return w, false
 		}
-		c.removeLocked(w) // another handle's, which this one may not read
+		c.removeLocked(w) // one this handle may not read
 	}
 	w := &window{ino: ino, off: off, by: by, done: make(chan struct{}), cost: raWindow}
 	if c.inos[ino] == nil {
@@ -99,6 +103,7 @@ func (c *dataCache) window(ino uint64, off int64, by uint64, shared bool, fetch 
 	}
 	c.inos[ino][off] = w
 	w.elem = c.lru.PushFront(w)
+	w.held = held()
 	c.used += w.cost
 	c.evictLocked()
 	go func() {
@@ -106,7 +111,7 @@ func (c *dataCache) window(ino uint64, off int64, by uint64, shared bool, fetch 
 		c.settle(w)
 		close(w.done)
 	}()
-	return w
+	return w, true
 }
 
 // settle trims a fetched window to its data and counts what it keeps.
@@ -130,12 +135,15 @@ func (c *dataCache) settle(w *window) {
 }
 
 // usable reports whether w may answer a read through handle: it is not
-// stale, its fetch succeeded, and it is that handle's own or shared
-// windows may be served.
-func (c *dataCache) usable(w *window, handle uint64, shared bool) bool {
+// stale, its fetch succeeded, and it is the read's own (mine), or it was
+// fetched under a capability and it is that handle's own or shared windows
+// may be served. A window fetched without a capability answers only the
+// read that fetched it: another client may have written since, and only a
+// read that goes to the cluster makes it commit first.
+func (c *dataCache) usable(w *window, handle uint64, shared, mine bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !w.stale && w.err == nil && (shared || w.by == handle)
+	return !w.stale && w.err == nil && (mine || w.held && (shared || w.by == handle))
 }
 
 // drop forgets ino's windows; those still being fetched are never served.
@@ -179,7 +187,7 @@ func (c *dataCache) put(ino uint64, off int64, data []byte) {
 		c.removeLocked(old)
 		old.stale = true
 	}
-	w := &window{ino: ino, off: off, done: make(chan struct{}), data: data, cost: int64(len(data))}
+	w := &window{ino: ino, off: off, held: true, done: make(chan struct{}), data: data, cost: int64(len(data))}
 	close(w.done)
 	if c.inos[ino] == nil {
 		c.inos[ino] = map[int64]*window{}

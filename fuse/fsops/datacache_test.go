@@ -169,24 +169,54 @@ func fetchGate(data []byte) (fetch func(*window), release func()) {
 func TestDataCacheDropMarksInflightStale(t *testing.T) {
 	c := newDataCache(0)
 	fetch, release := fetchGate([]byte("old"))
-	w := c.window(7, 0, 1, true, fetch)
+	w, _ := c.window(7, 0, 1, true, always, fetch)
 	c.drop(7)
 	release()
 	<-w.done
-	require.False(t, c.usable(w, 1, true))
+	require.False(t, c.usable(w, 1, true, true))
 	require.Nil(t, c.lookup(7, 0))
 	require.Zero(t, c.bytes())
 
 	fetch, release = fetchGate([]byte("new"))
 	release()
-	w2 := c.window(7, 0, 1, true, fetch)
+	w2, _ := c.window(7, 0, 1, true, always, fetch)
 	<-w2.done
 	require.NotSame(t, w, w2)
-	require.True(t, c.usable(w2, 1, true))
+	require.True(t, c.usable(w2, 1, true, false))
 	require.Equal(t, "new", string(w2.data))
 	require.Less(t, c.bytes(), int64(64), "a short window keeps only its data")
 	c.clear()
-	require.False(t, c.usable(w2, 1, true))
+	require.False(t, c.usable(w2, 1, true, false))
+}
+
+// always is a capability that covers every fetch.
+func always() bool { return true }
+
+// TestDataCacheUncoveredFetchAnswersOnlyItsRead: a window fetched while no
+// capability covered the file answers the read that fetched it and no
+// later one, even once a capability covers the file: another client may
+// have written since, and the cluster makes it commit first only for a
+// read that reaches it.
+func TestDataCacheUncoveredFetchAnswersOnlyItsRead(t *testing.T) {
+	c := newDataCache(0)
+	fetch, release := fetchGate([]byte("old"))
+	release()
+	w, mine := c.window(7, 0, 1, true, func() bool { return false }, fetch)
+	require.True(t, mine)
+	<-w.done
+	require.True(t, c.usable(w, 1, true, true), "the read that fetched it")
+	require.False(t, c.usable(w, 1, true, false), "a later read of the same handle")
+	require.False(t, c.usable(w, 2, true, false), "another handle's")
+
+	fetch, release = fetchGate([]byte("new"))
+	release()
+	w2, mine := c.window(7, 0, 1, true, always, fetch)
+	require.True(t, mine, "fetched again, not found")
+	<-w2.done
+	require.Equal(t, "new", string(w2.data))
+	again, mine := c.window(7, 0, 2, true, always, fetch)
+	require.False(t, mine)
+	require.Same(t, w2, again)
 }
 
 // TestDataCacheEvictsLeastRecentlyUsed: full windows beyond the limit go,
@@ -198,13 +228,15 @@ func TestDataCacheEvictsLeastRecentlyUsed(t *testing.T) {
 	for i := range n {
 		fetch, release := fetchGate(full)
 		release()
-		<-c.window(1, i*raWindow, 1, true, fetch).done
+		w, _ := c.window(1, i*raWindow, 1, true, always, fetch)
+		<-w.done
 	}
 	require.Equal(t, int64(minCacheBytes), c.bytes())
 	require.NotNil(t, c.lookup(1, 0)) // now the most recent
 	fetch, release := fetchGate(full)
 	release()
-	<-c.window(2, 0, 1, true, fetch).done
+	w, _ := c.window(2, 0, 1, true, always, fetch)
+	<-w.done
 	require.Equal(t, int64(minCacheBytes), c.bytes())
 	require.NotNil(t, c.lookup(1, 0), "recently used, kept")
 	require.Nil(t, c.lookup(1, raWindow), "least recently used, evicted")

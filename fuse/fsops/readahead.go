@@ -172,19 +172,19 @@ func (o *ClientOps) readCached(ctx context.Context, ino, handle uint64, off int6
 	if w == nil {
 		return 0, false, nil
 	}
-	return o.readFrom(ctx, w, handle, off, dst)
+	return o.readFrom(ctx, w, handle, off, dst, false)
 }
 
 // readFrom copies what w holds at off into dst once w is fetched; ok is
-// false when w may not answer (stale, failed, or another handle's while
-// the cache is not shared).
-func (o *ClientOps) readFrom(ctx context.Context, w *window, handle uint64, off int64, dst []byte) (n int, ok bool, err error) {
+// false when w may not answer (dataCache.usable; mine: this read started
+// its fetch).
+func (o *ClientOps) readFrom(ctx context.Context, w *window, handle uint64, off int64, dst []byte, mine bool) (n int, ok bool, err error) {
 	select {
 	case <-w.done:
 	case <-ctx.Done():
 		return 0, true, ctx.Err()
 	}
-	if !o.cache.usable(w, handle, o.sharedWindow(w.ino)) {
+	if !o.cache.usable(w, handle, o.sharedWindow(w.ino), mine) {
 		return 0, false, nil
 	}
 	if rel := off - w.off; rel < int64(len(w.data)) {
@@ -204,13 +204,13 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 	if off+int64(len(dst)) > start+raWindow {
 		return 0, false, nil // spans two windows: rare, read it directly
 	}
-	w := o.window(f, start)
+	w, mine := o.window(f, start)
 	seq := f.ra.sequential(start)
-	n, ok, err = o.readFrom(ctx, w, f.handle, off, dst)
-	if ok && err == nil && seq && len(w.data) == raWindow {
+	n, ok, err = o.readFrom(ctx, w, f.handle, off, dst, mine)
+	if ok && err == nil && seq && w.held && len(w.data) == raWindow {
 		// Not at the end: the reader will want the next ones.
 		for i := int64(1); i <= raAhead; i++ {
-			if next := o.window(f, start+i*raWindow); next.short() {
+			if next, _ := o.window(f, start+i*raWindow); next.short() {
 				break // the end of the file: nothing lies past it
 			}
 		}
@@ -219,9 +219,10 @@ func (o *ClientOps) readWindowed(ctx context.Context, f *openFile, off int64, ds
 }
 
 // window returns ino's window at start, starting its fetch through f if
-// the cache has none.
-func (o *ClientOps) window(f *openFile, start int64) *window {
-	return o.cache.window(f.ino, start, f.handle, o.sharedCache(), func(w *window) {
+// the cache has none f may read (and then reports it did).
+func (o *ClientOps) window(f *openFile, start int64) (*window, bool) {
+	held := func() bool { return !o.meta.on() || o.meta.caps.Held(f.ino) }
+	return o.cache.window(f.ino, start, f.handle, o.sharedCache(), held, func(w *window) {
 		ctx, cancel := o.bound(context.Background())
 		defer cancel()
 		buf := make([]byte, raWindow)

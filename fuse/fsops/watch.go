@@ -64,19 +64,21 @@ func (o *ClientOps) Watching() bool { return o.watching.Load() }
 func (o *ClientOps) Capabilities() bool { return o.meta.on() }
 
 // KernelTimeout is, with capabilities, how long the kernel may keep an
-// answer about ino (attributes, a name resolving to it, or, for a
-// directory, a name missing from it) that does not say (Attr.Valid): as
-// long as the mount's capability on ino can be trusted, and not at all
-// without one. Another mount may acknowledge changes to an inode this one
-// does not hold before they commit, under an exclusive capability, and no
-// change event would tell this one; asked again, the cluster recalls
-// that capability first. Not even a nanosecond: the kernel rounds a
-// timeout up to a clock tick, during which it answers stat itself.
-func (o *ClientOps) KernelTimeout(ino uint64) time.Duration {
-	if o.meta.caps.Held(ino) {
-		return o.meta.caps.TrustedFor()
+// answer a gives (attributes, a name resolving to a.Ino, or, for a
+// directory, a name missing from it): a.Valid, or else as long as the
+// mount's capability on a.Ino can be trusted, and not at all without one,
+// nor while other clients conflict with it (kerneltold.go). Another mount
+// may acknowledge changes to an inode this one does not hold before they
+// commit, under an exclusive capability, and no change event would tell
+// this one; asked again, the cluster recalls that capability first. Not
+// even a nanosecond: the kernel rounds a timeout up to a clock tick,
+// during which it answers stat itself.
+func (o *ClientOps) KernelTimeout(a Attr) time.Duration {
+	d := a.Valid
+	if d <= 0 && o.meta.caps.Held(a.Ino) {
+		d = o.meta.caps.TrustedFor()
 	}
-	return 0
+	return o.told.tell(a.Ino, d)
 }
 
 // consume applies events from ch until it closes.

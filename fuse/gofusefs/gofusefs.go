@@ -47,11 +47,11 @@ type Config struct {
 	// AttrTimeout is how long the kernel may cache attributes, names and,
 	// while Watching reports true, the absence of a name.
 	AttrTimeout time.Duration
-	// Covered, when set, replaces AttrTimeout for an answer about an
-	// inode that does not say how long it holds (Attr.Valid): the mount
-	// caches under capabilities, and the kernel may keep only what one
-	// covers (fsops.ClientOps.KernelTimeout).
-	Covered func(ino uint64) time.Duration
+	// Covered, when set, decides how long the kernel may keep each
+	// answer, Attr.Valid included: the mount caches under capabilities,
+	// and the kernel may keep only what one covers while no other client
+	// conflicts with it (fsops.ClientOps.KernelTimeout).
+	Covered func(a fsops.Attr) time.Duration
 	// Watching reports whether the cluster's change stream is being
 	// applied; without it a missing name is not cached.
 	Watching func() bool
@@ -203,10 +203,10 @@ func fillAttr(out *fuse.Attr, a fsops.Attr) {
 // timeout is how long the kernel may keep a.
 func (f *FS) timeout(a fsops.Attr) time.Duration {
 	switch {
+	case f.cfg.Covered != nil:
+		return f.cfg.Covered(a)
 	case a.Valid > 0:
 		return a.Valid
-	case f.cfg.Covered != nil:
-		return f.cfg.Covered(a.Ino)
 	}
 	return f.cfg.AttrTimeout
 }
