@@ -207,6 +207,10 @@ func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.
 		o.stats.metaHits.Add(1)
 		return a, 0
 	}
+	if a, ok := o.writtenAttr(ino); ok {
+		o.stats.metaHits.Add(1)
+		return a, 0
+	}
 	o.stats.metaMisses.Add(1)
 	o.barrier(ino)
 	if o.meta.on() {
@@ -502,9 +506,11 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 			return 0, errnoOf("write", err)
 		}
 		if n, ok := o.bufWrite(f, off, data); ok {
+			f.wrote.Store(time.Now().UnixNano())
 			return n, 0
 		}
 		if o.collectHeld(ctx, f, off, data) {
+			f.wrote.Store(time.Now().UnixNano())
 			return len(data), 0
 		}
 	}

@@ -41,9 +41,12 @@ const maxMetaInodes = 1 << 18
 type metaEntry struct {
 	attr    Attr
 	hasAttr bool
-	xattrs  int32 // xattrs the inode has; -1 unknown
-	dir     *listing
-	target  string // symlinks: the target, when read
+	// base: attr is what the cluster last said, and only write-behind
+	// commits of this mount have been sent since (writingBase).
+	base   bool
+	xattrs int32 // xattrs the inode has; -1 unknown
+	dir    *listing
+	target string // symlinks: the target, when read
 }
 
 // listing is a directory's complete list of entries, in the cluster's
@@ -255,7 +258,12 @@ func (c *metaCache) commitBy(ino, handle uint64) uint64 {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	e := c.m[ino]
+	base := handle != 0 && e != nil && (e.hasAttr || e.base)
 	c.forgetAttrLocked(ino)
+	if base {
+		e.base = true
+	}
 	w, ok := c.writer[ino]
 	if !ok || w.handle != handle || handle == 0 {
 		w.others += w.busy
@@ -264,6 +272,28 @@ func (c *metaCache) commitBy(ino, handle uint64) uint64 {
 	w.busy++
 	c.writer[ino] = w
 	return c.clock
+}
+
+// writingBase returns the attributes the cluster last gave for ino, which
+// this mount holds exclusively, when nothing but write-behind commits of
+// one handle of this mount was sent since: what they change (size, times)
+// the caller knows better (ClientOps.writtenAttr).
+func (c *metaCache) writingBase(ino uint64) (Attr, bool) {
+	if c == nil || !c.caps.HeldExclusive(ino) {
+		return Attr{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[ino]
+	if e == nil || !e.hasAttr && !e.base {
+		return Attr{}, false
+	}
+	if w, ok := c.writer[ino]; ok && (w.others > 0 || w.handle == 0) {
+		return Attr{}, false
+	}
+	a := e.attr
+	a.Valid = 0
+	return a, true
 }
 
 // committed keeps the attributes a command on ino begun at start
@@ -489,7 +519,7 @@ func (c *metaCache) forgetAttrLocked(inos ...uint64) {
 	c.clock++
 	for _, ino := range inos {
 		if e := c.m[ino]; e != nil {
-			e.hasAttr, e.xattrs = false, -1
+			e.hasAttr, e.base, e.xattrs = false, false, -1
 		}
 		c.dropped[ino] = c.clock
 	}

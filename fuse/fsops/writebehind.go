@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -60,6 +61,8 @@ type openFile struct {
 	mu     sync.Mutex
 	buf    []byte // guarded by mu: collected data not yet sent
 	bufOff int64  // guarded by mu: file offset of buf[0]
+
+	wrote atomic.Int64 // when the latest write was acknowledged (Unix ns)
 
 	slots   chan struct{}  // one token per commit in flight
 	pending atomic.Int64   // bytes acknowledged but not yet committed
@@ -179,6 +182,40 @@ func (o *ClientOps) collectedEnd(ino uint64) uint64 {
 		f.mu.Unlock()
 	}
 	return uint64(end)
+}
+
+// writtenAttr answers GETATTR of a file this mount holds exclusively and
+// has acknowledged writes to that are not all committed, without a round
+// trip: nobody else changes the file, so its attributes are the ones the
+// cluster last gave with the writes applied, the size they extend it to
+// and their time as mtime and ctime (later than the last ones the
+// cluster gave, whatever the clocks: a program that compares times must
+// see that the file changed). The commit then sets the cluster's clock's,
+// a little later. ok is false when the cluster must be asked: held
+// attribute changes, another command of this mount in flight.
+func (o *ClientOps) writtenAttr(ino uint64) (Attr, bool) {
+	if o.hasHeld(ino) || !o.dirty(ino) {
+		return Attr{}, false
+	}
+	a, ok := o.meta.writingBase(ino)
+	if !ok {
+		return Attr{}, false
+	}
+	if end := o.collectedEnd(ino); end > a.Size {
+		a.Size = end
+	}
+	var wrote int64
+	for _, f := range o.openFiles(ino) {
+		wrote = max(wrote, f.wrote.Load())
+	}
+	if wrote != 0 {
+		t := time.Unix(0, wrote)
+		if !t.After(a.Mtime) {
+			t = a.Mtime.Add(time.Nanosecond)
+		}
+		a.Mtime, a.Ctime = t, t
+	}
+	return a, true
 }
 
 // barrier drains every handle of ino and commits its held attribute
