@@ -53,6 +53,8 @@ func (n *Node) selfStatus() *pb.NodeStatus {
 		WireDedupBytes: tr.DedupBytes,
 	}
 	n.sync.fillStatus(ns)
+	ns.CommandLatency = latencies(n.metrics.applyLatency, "type")
+	ns.ReadLatency = latencies(n.metrics.queryLatency, "consistency")
 	return ns
 }
 
@@ -108,6 +110,7 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.SyncBytesServed, ns.SyncBytesFetchedTotal, ns.SyncCorruptBlocks = s.SyncBytesServed, s.SyncBytesFetchedTotal, s.SyncCorruptBlocks
 		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
 		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
+		ns.CommandLatency, ns.ReadLatency = s.CommandLatency, s.ReadLatency
 	}
 }
 
