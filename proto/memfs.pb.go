@@ -4706,8 +4706,11 @@ type NodeStatus struct {
 	// every member into the cluster's rates and p99 by operation.
 	CommandLatency []*OpLatency `protobuf:"bytes,70,rep,name=command_latency,json=commandLatency,proto3" json:"command_latency,omitempty"`
 	ReadLatency    []*OpLatency `protobuf:"bytes,71,rep,name=read_latency,json=readLatency,proto3" json:"read_latency,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The Raft term this node is in: a member whose term runs ahead of the
+	// leader's has been calling elections (it cannot hear the leader).
+	Term          uint64 `protobuf:"varint,72,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -4948,6 +4951,13 @@ func (x *NodeStatus) GetReadLatency() []*OpLatency {
 		return x.ReadLatency
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
 }
 
 // OpLatency is one operation's latency histogram as Prometheus keeps it:
@@ -6169,7 +6179,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\x98\t\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xac\t\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -6204,7 +6214,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\x129\n" +
 	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\x12<\n" +
 	"\x0fcommand_latency\x18F \x03(\v2\x13.memfs.v1.OpLatencyR\x0ecommandLatency\x126\n" +
-	"\fread_latency\x18G \x03(\v2\x13.memfs.v1.OpLatencyR\vreadLatency\"\xa6\x01\n" +
+	"\fread_latency\x18G \x03(\v2\x13.memfs.v1.OpLatencyR\vreadLatency\x12\x12\n" +
+	"\x04term\x18H \x01(\x04R\x04term\"\xa6\x01\n" +
 	"\tOpLatency\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x1f\n" +

@@ -185,6 +185,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 		require.Equal(t, n.State, row["state"], n.ID)
 		require.Equal(t, n.APIAddr, row["api_addr"], n.ID)
 		require.Equal(t, strconv.FormatBool(n.Voter), row["voter"], n.ID)
+		require.Positive(t, n.Term, n.ID)
+		require.Equal(t, u(n.Term), row["term"], n.ID)
 	}
 
 	screenshot(t, browser, url, chromiumRun)

@@ -67,6 +67,9 @@ func TestPageDataFollowsTheCluster(t *testing.T) {
 			}
 		}
 		require.Positive(t, d.NodeOpsRate[leader.ID()], "the leader applied the mkdirs")
+		for _, m := range d.Cluster.Nodes {
+			require.Equal(t, leader.Raft().CurrentTerm(), m.Term, "%s is in the leader's term", m.ID)
+		}
 		require.NotEmpty(t, d.LeaderChanges)
 		require.Equal(t, leader.ID(), d.LeaderChanges[len(d.LeaderChanges)-1].Leader)
 		require.Positive(t, d.WindowSeconds)

@@ -91,6 +91,7 @@ function render(d) {
     tr.append(
       cell("id", n.id),
       cell("state", n.state, n.state || "?", n.state),
+      cell("term", n.term, n.error ? "–" : String(n.term), "num"),
       cell("voter", n.voter, n.voter ? "yes" : "no"),
       cell("api_addr", n.api_addr),
       cell("raft_addr", n.raft_addr),
