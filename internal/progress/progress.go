@@ -70,6 +70,28 @@ func Items(w io.Writer, desc, unit string, quiet bool) *Bar {
 	)}
 }
 
+// ItemsOf returns a bar on w counting items (named unit) up to total:
+// the count, the rate and the time left; nothing when quiet or w is no
+// terminal.
+func ItemsOf(w io.Writer, total int64, desc, unit string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(max(total, 1),
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString(unit),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
 // Count returns a bar on w counting items (named unit) up to total, with
 // the rate and the time left at that rate; total may move (SetTotal), as
 // a log's end does while a node catches up with it. Nothing when quiet
