@@ -4700,8 +4700,17 @@ type NodeStatus struct {
 	// Blocks fetched from peers since the process started (with
 	// sync_bytes_fetched_total: a catch-up may take several restores).
 	SyncBlocksFetchedTotal uint64 `protobuf:"varint,28,opt,name=sync_blocks_fetched_total,json=syncBlocksFetchedTotal,proto3" json:"sync_blocks_fetched_total,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Latency histograms since the process started, one per command type
+	// this node applied as leader and one per consistency level of the
+	// queries it answered: any node's status page turns two readings of
+	// every member into the cluster's rates and p99 by operation.
+	CommandLatency []*OpLatency `protobuf:"bytes,70,rep,name=command_latency,json=commandLatency,proto3" json:"command_latency,omitempty"`
+	ReadLatency    []*OpLatency `protobuf:"bytes,71,rep,name=read_latency,json=readLatency,proto3" json:"read_latency,omitempty"`
+	// The Raft term this node is in: a member whose term runs ahead of the
+	// leader's has been calling elections (it cannot hear the leader).
+	Term          uint64 `protobuf:"varint,72,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -4930,6 +4939,106 @@ func (x *NodeStatus) GetSyncBlocksFetchedTotal() uint64 {
 	return 0
 }
 
+func (x *NodeStatus) GetCommandLatency() []*OpLatency {
+	if x != nil {
+		return x.CommandLatency
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetReadLatency() []*OpLatency {
+	if x != nil {
+		return x.ReadLatency
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+// OpLatency is one operation's latency histogram as Prometheus keeps it:
+// observations at most upper_bounds[i] seconds are cumulative_counts[i]
+// (ascending bounds, +Inf implied by count).
+type OpLatency struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Name             string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Count            uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	SumSeconds       float64                `protobuf:"fixed64,3,opt,name=sum_seconds,json=sumSeconds,proto3" json:"sum_seconds,omitempty"`
+	UpperBounds      []float64              `protobuf:"fixed64,4,rep,packed,name=upper_bounds,json=upperBounds,proto3" json:"upper_bounds,omitempty"`
+	CumulativeCounts []uint64               `protobuf:"varint,5,rep,packed,name=cumulative_counts,json=cumulativeCounts,proto3" json:"cumulative_counts,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *OpLatency) Reset() {
+	*x = OpLatency{}
+	mi := &file_memfs_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpLatency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpLatency) ProtoMessage() {}
+
+func (x *OpLatency) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpLatency.ProtoReflect.Descriptor instead.
+func (*OpLatency) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *OpLatency) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *OpLatency) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *OpLatency) GetSumSeconds() float64 {
+	if x != nil {
+		return x.SumSeconds
+	}
+	return 0
+}
+
+func (x *OpLatency) GetUpperBounds() []float64 {
+	if x != nil {
+		return x.UpperBounds
+	}
+	return nil
+}
+
+func (x *OpLatency) GetCumulativeCounts() []uint64 {
+	if x != nil {
+		return x.CumulativeCounts
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -4940,7 +5049,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4952,7 +5061,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4965,7 +5074,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -5003,7 +5112,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5015,7 +5124,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5028,7 +5137,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -5135,7 +5244,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5147,7 +5256,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5160,7 +5269,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -5206,7 +5315,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5218,7 +5327,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5231,7 +5340,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 type RemoveNodeRequest struct {
@@ -5244,7 +5353,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5256,7 +5365,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5269,7 +5378,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -5294,7 +5403,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5306,7 +5415,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5319,7 +5428,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -5334,7 +5443,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5346,7 +5455,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5359,7 +5468,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{61}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -5386,7 +5495,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5398,7 +5507,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5411,7 +5520,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{62}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -5431,7 +5540,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5443,7 +5552,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5456,7 +5565,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{63}
+	return file_memfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -5489,7 +5598,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5501,7 +5610,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5514,7 +5623,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{64}
+	return file_memfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -5561,7 +5670,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5573,7 +5682,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5586,7 +5695,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{65}
+	return file_memfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -5612,7 +5721,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5624,7 +5733,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5637,7 +5746,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{66}
+	return file_memfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -5683,7 +5792,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5695,7 +5804,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5708,7 +5817,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{67}
+	return file_memfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -6070,7 +6179,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xa2\b\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xac\t\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -6103,7 +6212,17 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"disk_bytes\x18\x1a \x01(\x04R\tdiskBytes\x12,\n" +
 	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\x129\n" +
-	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\"?\n" +
+	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\x12<\n" +
+	"\x0fcommand_latency\x18F \x03(\v2\x13.memfs.v1.OpLatencyR\x0ecommandLatency\x126\n" +
+	"\fread_latency\x18G \x03(\v2\x13.memfs.v1.OpLatencyR\vreadLatency\x12\x12\n" +
+	"\x04term\x18H \x01(\x04R\x04term\"\xa6\x01\n" +
+	"\tOpLatency\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x1f\n" +
+	"\vsum_seconds\x18\x03 \x01(\x01R\n" +
+	"sumSeconds\x12!\n" +
+	"\fupper_bounds\x18\x04 \x03(\x01R\vupperBounds\x12+\n" +
+	"\x11cumulative_counts\x18\x05 \x03(\x04R\x10cumulativeCounts\"?\n" +
 	"\rStatusRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"\xc9\x03\n" +
@@ -6217,7 +6336,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(LockType)(0),                 // 1: memfs.v1.LockType
@@ -6278,19 +6397,20 @@ var file_memfs_proto_goTypes = []any{
 	(*WriteFrame)(nil),            // 56: memfs.v1.WriteFrame
 	(*ReadFrame)(nil),             // 57: memfs.v1.ReadFrame
 	(*NodeStatus)(nil),            // 58: memfs.v1.NodeStatus
-	(*StatusRequest)(nil),         // 59: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 60: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 61: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 62: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 63: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 64: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 65: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 66: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 67: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 68: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 69: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 70: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 71: memfs.v1.Recall
+	(*OpLatency)(nil),             // 59: memfs.v1.OpLatency
+	(*StatusRequest)(nil),         // 60: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 61: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 62: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 63: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 64: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 65: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 66: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 67: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 68: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 69: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 70: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 71: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 72: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
 	4,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
@@ -6375,35 +6495,37 @@ var file_memfs_proto_depIdxs = []int32{
 	38, // 79: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
 	36, // 80: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
 	38, // 81: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	58, // 82: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	58, // 83: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	6,  // 84: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	71, // 85: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	52, // 86: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	54, // 87: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	56, // 88: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	54, // 89: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	59, // 90: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	61, // 91: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	63, // 92: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	65, // 93: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	67, // 94: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	69, // 95: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	53, // 96: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	55, // 97: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	53, // 98: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	57, // 99: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	60, // 100: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	62, // 101: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	64, // 102: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	66, // 103: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	68, // 104: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	70, // 105: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	96, // [96:106] is the sub-list for method output_type
-	86, // [86:96] is the sub-list for method input_type
-	86, // [86:86] is the sub-list for extension type_name
-	86, // [86:86] is the sub-list for extension extendee
-	0,  // [0:86] is the sub-list for field type_name
+	59, // 82: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
+	59, // 83: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
+	58, // 84: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	58, // 85: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,  // 86: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	72, // 87: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	52, // 88: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	54, // 89: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	56, // 90: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	54, // 91: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	60, // 92: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	62, // 93: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	64, // 94: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	66, // 95: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	68, // 96: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	70, // 97: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	53, // 98: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	55, // 99: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	53, // 100: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	57, // 101: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	61, // 102: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	63, // 103: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	65, // 104: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	67, // 105: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	69, // 106: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	71, // 107: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	98, // [98:108] is the sub-list for method output_type
+	88, // [88:98] is the sub-list for method input_type
+	88, // [88:88] is the sub-list for extension type_name
+	88, // [88:88] is the sub-list for extension extendee
+	0,  // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -6458,7 +6580,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   68,
+			NumMessages:   69,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

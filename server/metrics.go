@@ -1,14 +1,19 @@
 package server
 
 import (
+	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/memoryfs/memfs/fsm"
+	pb "github.com/memoryfs/memfs/proto"
 )
 
 // metrics are one node's Prometheus metrics, all declared here. Each node
@@ -152,4 +157,40 @@ func (m *metrics) setRaftState(s raft.RaftState) {
 func (m *metrics) commandDone(typ string, errno uint32, took time.Duration) {
 	m.commands.WithLabelValues(typ, strconv.FormatUint(uint64(errno), 10)).Inc()
 	m.applyLatency.WithLabelValues(typ).Observe(took.Seconds())
+}
+
+// latencies is each series of vec (one histogram per value of label) as
+// the Status call reports it, ordered by name. The vectors are read
+// whether or not a registry serves them, so every node can report its
+// rates to the others' status pages.
+func latencies(vec *prometheus.HistogramVec, label string) []*pb.OpLatency {
+	ch := make(chan prometheus.Metric)
+	go func() {
+		vec.Collect(ch)
+		close(ch)
+	}()
+	var out []*pb.OpLatency
+	for m := range ch {
+		var d dto.Metric
+		if m.Write(&d) != nil || d.GetHistogram() == nil {
+			continue
+		}
+		h := d.GetHistogram()
+		o := &pb.OpLatency{Count: h.GetSampleCount(), SumSeconds: h.GetSampleSum()}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == label {
+				o.Name = l.GetValue()
+			}
+		}
+		for _, b := range h.GetBucket() {
+			if math.IsInf(b.GetUpperBound(), 1) {
+				continue
+			}
+			o.UpperBounds = append(o.UpperBounds, b.GetUpperBound())
+			o.CumulativeCounts = append(o.CumulativeCounts, b.GetCumulativeCount())
+		}
+		out = append(out, o)
+	}
+	slices.SortFunc(out, func(a, b *pb.OpLatency) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }

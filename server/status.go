@@ -47,12 +47,14 @@ func (n *Node) selfStatus() *pb.NodeStatus {
 	ns := &pb.NodeStatus{
 		Id: n.cfg.ID, ApiAddr: n.apiAddr, RaftAddr: n.raftAddr,
 		State: n.raft.State().String(), AppliedIndex: n.AppliedIndex(), Voter: voter,
-		CommitIndex: n.raft.CommitIndex(), LastLogIndex: n.raft.LastIndex(),
+		CommitIndex: n.raft.CommitIndex(), LastLogIndex: n.raft.LastIndex(), Term: n.raft.CurrentTerm(),
 		LogicalBytes: st.LogicalBytes, PhysicalBytes: st.Block.PhysicalBytes, SharedBytes: st.Block.SharedBytes,
 		LogBytes: tr.LogBytes, NetSentBytes: tr.NetSent, NetReceivedBytes: tr.NetReceived,
 		WireDedupBytes: tr.DedupBytes,
 	}
 	n.sync.fillStatus(ns)
+	ns.CommandLatency = latencies(n.metrics.applyLatency, "type")
+	ns.ReadLatency = latencies(n.metrics.queryLatency, "consistency")
 	return ns
 }
 
@@ -108,6 +110,7 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.SyncBytesServed, ns.SyncBytesFetchedTotal, ns.SyncCorruptBlocks = s.SyncBytesServed, s.SyncBytesFetchedTotal, s.SyncCorruptBlocks
 		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
 		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
+		ns.CommandLatency, ns.ReadLatency, ns.Term = s.CommandLatency, s.ReadLatency, s.Term
 	}
 }
 

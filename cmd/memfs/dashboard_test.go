@@ -223,22 +223,89 @@ func mergeFamilies(all, fams map[string]*dto.MetricFamily) {
 	}
 }
 
-// checkMetricNames holds our metrics to Prometheus's naming rules:
-// counters end in _total, and durations and sizes carry their base unit.
+// checkMetricNames holds our metrics to Prometheus's naming rules.
 func checkMetricNames(t *testing.T, fams map[string]*dto.MetricFamily) {
 	t.Helper()
+	require.Empty(t, metricNameProblems(fams), "metric names that break Prometheus's conventions")
+}
+
+var metricName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// metricNameProblems lists where our metrics break Prometheus's naming
+// rules (https://prometheus.io/docs/practices/naming/): snake case with a
+// help text; counters, and only counters, end in _total; a time is in
+// seconds and says so (a histogram or summary whose help begins "Time"
+// ends in _seconds); no other units than base units; no suffix that a
+// histogram's or summary's series would clash with.
+func metricNameProblems(fams map[string]*dto.MetricFamily) []string {
+	var out []string
 	for name, f := range fams {
 		if !strings.HasPrefix(name, "memfs_") {
 			continue
 		}
-		if f.GetType() == dto.MetricType_COUNTER {
-			require.True(t, strings.HasSuffix(name, "_total"), "counter %s must end in _total", name)
-		} else {
-			require.False(t, strings.HasSuffix(name, "_total"), "%s is not a counter but ends in _total", name)
+		bad := func(format string, args ...any) { out = append(out, name+": "+fmt.Sprintf(format, args...)) }
+		if !metricName.MatchString(name) {
+			bad("not snake case")
 		}
-		for _, bad := range []string{"_ms", "_milliseconds", "_kb", "_mb", "_kib", "_mib"} {
-			require.NotContains(t, name, bad, "%s: use base units (seconds, bytes)", name)
+		if f.GetHelp() == "" {
+			bad("no help text")
 		}
+		counter := f.GetType() == dto.MetricType_COUNTER
+		if counter != strings.HasSuffix(name, "_total") {
+			bad("counters, and only counters, end in _total")
+		}
+		timed := f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY
+		if timed && strings.HasPrefix(f.GetHelp(), "Time") && !strings.HasSuffix(name, "_seconds") {
+			bad("a time ends in _seconds")
+		}
+		for _, unit := range []string{"_ms", "_us", "_ns", "_milliseconds", "_microseconds", "_minutes", "_hours",
+			"_kb", "_mb", "_gb", "_kib", "_mib", "_gib", "_bits", "_percent"} {
+			if strings.Contains(name+"_", unit+"_") {
+				bad("%s is not a base unit (seconds, bytes, ratios)", unit[1:])
+			}
+		}
+		for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+			if strings.HasSuffix(name, suffix) {
+				bad("%s is a histogram's series", suffix)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestMetricNameProblems(t *testing.T) {
+	fam := func(name, help string, typ dto.MetricType) map[string]*dto.MetricFamily {
+		return map[string]*dto.MetricFamily{name: {Name: &name, Help: &help, Type: &typ}}
+	}
+	cases := []struct {
+		name string
+		fams map[string]*dto.MetricFamily
+		want string // "" when the name is fine
+	}{
+		{"a counter", fam("memfs_x_ops_total", "Ops.", dto.MetricType_COUNTER), ""},
+		{"a time histogram", fam("memfs_x_duration_seconds", "Time to do x.", dto.MetricType_HISTOGRAM), ""},
+		{"bytes", fam("memfs_x_bytes", "Bytes.", dto.MetricType_GAUGE), ""},
+		{"not ours", fam("go_gc_ms", "", dto.MetricType_GAUGE), ""},
+		{"a counter without _total", fam("memfs_x_ops", "Ops.", dto.MetricType_COUNTER), "end in _total"},
+		{"a gauge with _total", fam("memfs_x_total", "X.", dto.MetricType_GAUGE), "end in _total"},
+		{"a time not in seconds", fam("memfs_x_latency", "Time to do x.", dto.MetricType_HISTOGRAM), "_seconds"},
+		{"milliseconds", fam("memfs_x_latency_ms", "Latency.", dto.MetricType_GAUGE), "ms is not a base unit"},
+		{"mebibytes", fam("memfs_x_mib_total", "X.", dto.MetricType_COUNTER), "mib is not a base unit"},
+		{"no help", fam("memfs_x_bytes", "", dto.MetricType_GAUGE), "no help text"},
+		{"camel case", fam("memfs_xBytes", "X.", dto.MetricType_GAUGE), "snake case"},
+		{"a histogram's suffix", fam("memfs_x_count", "X.", dto.MetricType_GAUGE), "histogram's series"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := metricNameProblems(tc.fams)
+			if tc.want == "" {
+				require.Empty(t, got)
+				return
+			}
+			require.Len(t, got, 1, "%v", got)
+			require.Contains(t, got[0], tc.want)
+		})
 	}
 }
 

@@ -302,7 +302,7 @@ var rmCmd = &cobra.Command{
 				if _, err := c.Lstat(name); err != nil {
 					return err
 				}
-				bar := progress.Items(cmd.ErrOrStderr(), "rm -r "+name, "entries", quietFlag)
+				bar := rmBar(c, cmd.ErrOrStderr(), name)
 				if err := c.RemoveAllFunc(name, func(string) { bar.Add(1) }); err != nil {
 					bar.Stop()
 					return err
@@ -316,6 +316,46 @@ var rmCmd = &cobra.Command{
 		}
 		return nil
 	}),
+}
+
+// rmBar is the progress bar of rm -r name: on a terminal the entries of
+// the tree are counted first (reads, cheap beside the removals, each a
+// committed command), so the bar has an end and a time left; when the
+// count fails the bar counts without an end.
+func rmBar(c *client.Client, w io.Writer, name string) *progress.Bar {
+	if quietFlag || !progress.IsTerminal(w) {
+		return nil
+	}
+	n, err := countTree(c, name)
+	if err != nil {
+		return progress.Items(w, "rm -r "+name, "entries", quietFlag)
+	}
+	return progress.ItemsOf(w, n, "rm -r "+name, "entries", quietFlag)
+}
+
+// countTree counts name and, for a directory, every entry below it.
+func countTree(c *client.Client, name string) (int64, error) {
+	fi, err := c.Lstat(name)
+	if err != nil || !fi.IsDir() {
+		return 1, err
+	}
+	ents, err := c.ReadDir(name)
+	if err != nil {
+		return 0, err
+	}
+	n := int64(1)
+	for _, e := range ents {
+		if !e.IsDir() {
+			n++
+			continue
+		}
+		sub, err := countTree(c, path.Join(name, e.Name()))
+		if err != nil {
+			return 0, err
+		}
+		n += sub
+	}
+	return n, nil
 }
 
 var mvCmd = &cobra.Command{

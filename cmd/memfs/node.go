@@ -54,8 +54,8 @@ var nodeReplaceCmd = &cobra.Command{
 with neither --bootstrap nor --join: it waits to be added).
 
 The new node is added as a non-voter and catches up while clients go on
-writing (a progress line on stderr shows its log position and, when block
-sync runs, blocks and bytes); once it trails the leader's commit index by at
+writing (on a terminal, progress bars on stderr show the bytes block sync
+fetches and the log position, with rates and time left); once it trails the leader's commit index by at
 most --max-lag entries for --stable, it is promoted to voter, and then OLD
 is removed (a leader hands leadership over first). Stop OLD's process
 afterwards. Each membership step waits at most --timeout; the catch-up at

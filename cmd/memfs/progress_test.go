@@ -88,7 +88,7 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 24<<20)
 
-	// rm -r counts the entries it removes.
+	// rm -r counts the entries, then removes them with a bar to that count.
 	cl, err := client.New(context.Background(), strings.Split(m.cluster, ","))
 	require.NoError(t, err)
 	defer cl.Close()
@@ -105,7 +105,8 @@ func TestProgressBarsOnlyOnATerminal(t *testing.T) {
 	tm.run("rm", fmt.Sprintf("%s rm -r /tree; echo status=$?; sleep 600", base), 150, 12)
 	screen = tm.waitScreen("rm", "status=", 2*time.Minute)
 	require.Contains(t, screen, "status=0")
-	require.Regexp(t, `rm -r /tree \(52/-, [0-9.]+ entries/s\)`, screen, "50 files and 2 directories, and the rate")
+	require.Regexp(t, `rm -r /tree 100% .*\(52/52, [0-9]+ entries/(s|min|hr)\) \[[0-9hms]+\]`, screen,
+		"50 files and 2 directories counted first, the rate and, at the end, the time taken")
 	_, errOut, code = m.run("", "ls", "/tree")
 	require.Equal(t, 1, code, errOut)
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/progress"
@@ -15,74 +14,80 @@ import (
 // The `memfs node replace` command: client/replace does the work; this
 // file draws its progress and prints its summary.
 
-// progressLine draws the catch-up progress on stderr: one refreshed line
-// on a terminal, a line every 2 s in a log file, none with --quiet.
+// progressLine draws the catch-up's progress on stderr, on a terminal
+// only (into a file or a pipe, and with --quiet, only the steps are
+// written): while the new node restores a snapshot, a bar of the bytes
+// block sync fetched of those wanted; otherwise a bar of its applied
+// index against the commit index. Both show their rate and the time left
+// at that rate.
 type progressLine struct {
-	w        io.Writer
-	tty      bool
-	quiet    bool
-	id       string
-	now      func() time.Time
-	lastLine time.Time
-	lineOpen bool
+	w     io.Writer
+	quiet bool
+	id    string
+	phase string        // "sync" or "log" while a bar is drawn, else ""
+	bar   *progress.Bar // nil when nothing is drawn
+	// newBar makes the bars (the progress package's, which draw only on
+	// a terminal; a test substitutes its own).
+	newBar func(phase string, total int64) *progress.Bar
 }
 
 func newProgressLine(w io.Writer, id string) *progressLine {
-	return &progressLine{w: w, id: id, now: time.Now, tty: progress.IsTerminal(w), quiet: quietFlag}
+	p := &progressLine{w: w, id: id, quiet: quietFlag}
+	p.newBar = func(phase string, total int64) *progress.Bar {
+		if phase == "sync" {
+			return progress.Bytes(p.w, total, p.id+" block sync", p.quiet)
+		}
+		return progress.Count(p.w, total, p.id+" log", "entries", p.quiet)
+	}
+	return p
 }
 
-// show draws the progress line: log position and lag, and block sync
-// counts once the node reports them.
+// show redraws the bar for one reading of the new node.
 func (p *progressLine) show(pr replace.Progress) {
 	if p.quiet {
 		return
 	}
-	now := p.now()
-	if !p.tty && now.Sub(p.lastLine) < 2*time.Second {
-		return // a log file gets a line every 2 s, not a flood
-	}
-	p.lastLine = now
 	self := pr.Self
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s catching up: log %d/%d (lag %d)", p.id, self.AppliedIndex, pr.Commit, pr.Lag)
-	if self.SyncBlocksWanted > 0 || self.SyncBytesWanted > 0 {
-		fmt.Fprintf(&b, ", blocks %d/%d, %s/%s %s", self.SyncBlocksFetched, self.SyncBlocksWanted,
-			humanBytes(self.SyncBytesFetched), humanBytes(self.SyncBytesWanted),
-			bar(self.SyncBytesFetched, self.SyncBytesWanted, 20))
+	phase := "log"
+	if self.Restoring || self.SyncBytesFetched < self.SyncBytesWanted {
+		phase = "sync"
 	}
-	if self.Restoring {
-		b.WriteString(", restoring snapshot")
+	// The commit index moves on while the node catches up, and the log's
+	// bar stays open until the node is declared caught up: its end is
+	// kept one entry past what the node applied.
+	total := int64(max(pr.Commit, self.AppliedIndex+1))
+	if phase == "sync" {
+		total = int64(max(self.SyncBytesWanted, 1))
 	}
-	fmt.Fprintf(&b, ", %s received, %.0fs", humanBytes(self.NetReceivedBytes), pr.Elapsed.Seconds())
-	if p.tty {
-		fmt.Fprintf(p.w, "\r\033[K%s", b.String())
-		p.lineOpen = true
+	if phase != p.phase {
+		if p.phase == "sync" {
+			p.bar.Finish() // the restore is over: its bar ends complete
+		}
+		p.endLine()
+		p.phase = phase
+		p.bar = p.newBar(phase, total)
+	}
+	p.bar.SetTotal(total)
+	if phase == "sync" {
+		p.bar.Set(int64(min(self.SyncBytesFetched, self.SyncBytesWanted)))
 		return
 	}
-	fmt.Fprintln(p.w, b.String())
+	p.bar.Set(int64(self.AppliedIndex))
+	p.bar.Describe(fmt.Sprintf("%s log %d/%d (lag %d)", p.id, self.AppliedIndex, pr.Commit, pr.Lag))
 }
 
 // note prints a step on a line of its own.
 func (p *progressLine) note(s string) {
 	p.endLine()
+	p.phase = ""
 	fmt.Fprintln(p.w, s)
 }
 
-// endLine ends an open progress line so the next message starts clean.
+// endLine ends an open bar where it is, so the next message starts on a
+// line of its own.
 func (p *progressLine) endLine() {
-	if p.lineOpen {
-		fmt.Fprintln(p.w)
-		p.lineOpen = false
-	}
-}
-
-// bar draws done/total as a bar of width cells.
-func bar(done, total uint64, width int) string {
-	if total == 0 {
-		return ""
-	}
-	full := int(min(done, total) * uint64(width) / total)
-	return "[" + strings.Repeat("#", full) + strings.Repeat(".", width-full) + "]"
+	p.bar.Stop()
+	p.bar = nil
 }
 
 // runReplace runs one replacement with its progress on w.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/replace"
+	"github.com/memoryfs/memfs/internal/progress"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server"
 )
@@ -214,6 +215,8 @@ func TestNodeReplaceUnderWriteLoad(t *testing.T) {
 			require.NoError(t, cmd.Run(), "stdout:\n%s\nstderr:\n%s\nspare:\n%s", &stdout, &stderr, spare.out)
 			require.Contains(t, stdout.String(), fmt.Sprintf("replaced %s with n4", oldID))
 			require.Contains(t, stderr.String(), "n4 caught up")
+			require.NotContains(t, stderr.String(), "n4 log", "into a pipe: the steps, no progress")
+			require.NotContains(t, stderr.String(), "\r")
 			if tc.leader && !tc.dead && !strings.Contains(stderr.String(), "hands leadership over") {
 				// An election on this loaded machine moved leadership first.
 				t.Logf("%s no longer led at its removal", oldID)
@@ -390,38 +393,112 @@ func statusOf(t *testing.T, addrs []string) *pb.StatusResponse {
 }
 
 func TestReplaceProgressLine(t *testing.T) {
+	log := func(applied, commit uint64) replace.Progress {
+		return replace.Progress{Self: &pb.NodeStatus{AppliedIndex: applied}, Commit: commit, Lag: commit - applied}
+	}
+	syncing := func(fetched, wanted uint64, restoring bool) replace.Progress {
+		return replace.Progress{Self: &pb.NodeStatus{Restoring: restoring, SyncBlocksWanted: 64, SyncBlocksFetched: 16,
+			SyncBytesWanted: wanted, SyncBytesFetched: fetched}, Commit: 100, Lag: 100}
+	}
+	type bar struct {
+		phase string
+		total int64
+	}
 	cases := []struct {
 		name string
-		self *pb.NodeStatus
-		want []string
-		not  []string
+		seq  []replace.Progress
+		bars []bar
 	}{
-		{"raft only", &pb.NodeStatus{AppliedIndex: 90, NetReceivedBytes: 3 << 20},
-			[]string{"n4 catching up: log 90/100 (lag 10)", "3.0 MiB received"}, []string{"blocks", "restoring"}},
-		{"block sync", &pb.NodeStatus{AppliedIndex: 0, Restoring: true, SyncBlocksWanted: 64, SyncBlocksFetched: 16,
-			SyncBytesWanted: 4 << 20, SyncBytesFetched: 1 << 20},
-			[]string{"log 0/100 (lag 100)", "blocks 16/64, 1.0 MiB/4.0 MiB [#####...............]", "restoring snapshot"}, nil},
+		{"log replay only: one bar, kept open as the log grows", []replace.Progress{log(0, 100), log(90, 150), log(150, 150)},
+			[]bar{{"log", 100}}},
+		{"a snapshot: log, block sync, log again", []replace.Progress{
+			log(0, 1280), syncing(0, 0, true), syncing(1<<20, 4<<20, true), syncing(4<<20, 4<<20, false), log(1500, 1600),
+		}, []bar{{"log", 1280}, {"sync", 1}, {"log", 100}}}, // the restore ended at the fourth reading
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Into a buffer (a file or a pipe): only the steps.
 			var out bytes.Buffer
 			p := newProgressLine(&out, "n4")
-			pr := replace.Progress{Self: tc.self, Commit: 100, Lag: 100 - tc.self.AppliedIndex, Elapsed: 3 * time.Second}
-			p.show(pr)
-			p.show(pr) // within 2 s: not repeated in a log
-			require.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
-			for _, w := range tc.want {
-				require.Contains(t, out.String(), w)
+			real := p.newBar
+			var bars []bar
+			p.newBar = func(phase string, total int64) *progress.Bar {
+				bars = append(bars, bar{phase, total})
+				return real(phase, total)
 			}
-			for _, w := range tc.not {
-				require.NotContains(t, out.String(), w)
+			p.note("adding n4")
+			for _, pr := range tc.seq {
+				p.show(pr)
 			}
-			// --quiet: no progress at all, only the steps.
+			p.note("n4 caught up")
+			p.endLine()
+			require.Equal(t, "adding n4\nn4 caught up\n", out.String(), "no progress outside a terminal")
+			require.Equal(t, tc.bars, bars)
+
+			// --quiet: no bar is even made.
 			out.Reset()
 			p = newProgressLine(&out, "n4")
 			p.quiet = true
-			p.show(pr)
+			p.newBar = func(string, int64) *progress.Bar { t.Fatal("a bar with --quiet"); return nil }
+			for _, pr := range tc.seq {
+				p.show(pr)
+			}
 			require.Empty(t, out.String())
 		})
 	}
+}
+
+// TestNodeReplaceProgressOnATerminal runs memfs node replace in tmux on a
+// cluster whose leader has cut its log, so that the new node restores a
+// snapshot and fetches the blocks by block sync: a bar of the bytes
+// fetched and then one of the log, each with its rate and the time left,
+// then the summary; with --quiet the same command writes only the steps.
+func TestNodeReplaceProgressOnATerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	tm := newTmux(t)
+	bin := memfsBinary(t)
+	c := server.StartCluster(t, 3, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+		cfg.Raft.SnapshotThreshold, cfg.Raft.TrailingLogs, cfg.Raft.SnapshotInterval = 32, 8, 200*time.Millisecond
+	}))
+	leader := c.WaitLeader(10 * time.Second)
+	var followers []string
+	for _, n := range c.Nodes() {
+		if n != leader {
+			followers = append(followers, n.ID())
+		}
+	}
+	addrs := c.APIAddrs()
+	preload(t, addrs, 96, 1<<20)
+	require.Eventually(t, func() bool { return leader.Raft().Stats()["last_snapshot_index"] != "0" },
+		60*time.Second, 50*time.Millisecond, "the leader never took a snapshot: %v", leader.Raft().Stats())
+	w := startWriter(t, addrs, 10*time.Millisecond)
+	defer w.finish()
+
+	replaceCmd := func(old string, spare *spareNode, flags string) string {
+		return fmt.Sprintf("%s node replace %s --with %s --cluster %s --stable 1s %s; echo status=$?; sleep 600",
+			bin, old, spare.with(), strings.Join(addrs, ","), flags)
+	}
+	n4 := startSpare(t, bin, "n4")
+	tm.run("replace", replaceCmd(followers[0], n4, ""), 160, 40)
+	screen := tm.waitScreen("replace", "status=", 5*time.Minute)
+	t.Logf("the terminal shows:\n%s", screen)
+	require.Contains(t, screen, "status=0")
+	require.Contains(t, screen, fmt.Sprintf("replaced %s with n4", followers[0]))
+	require.Regexp(t, `n4 block sync +100% .*\([0-9.]+/[0-9.]+ [KMG]?i?B, [0-9.]+ [KMG]?i?B/s\)`, screen,
+		"a bar of the bytes fetched, complete, with the rate")
+	require.Regexp(t, `n4 log [0-9]+/[0-9]+ \(lag [0-9]+\) +[0-9]+% .*\([0-9]+ entries/(s|min|hr)\) \[[0-9hms]+:[0-9hms]+\]`, screen,
+		"a bar of the log with the rate, the time spent and the time left")
+	require.Less(t, strings.Index(screen, "n4 block sync"), strings.LastIndex(screen, "n4 log"), "the log after the restore")
+
+	// --quiet on a terminal: only the steps and the summary.
+	n5 := startSpare(t, bin, "n5")
+	tm.run("quiet", replaceCmd(followers[1], n5, "--quiet"), 160, 40)
+	screen = tm.waitScreen("quiet", "status=", 5*time.Minute)
+	require.Contains(t, screen, "status=0")
+	require.Contains(t, screen, fmt.Sprintf("replaced %s with n5", followers[1]))
+	require.NotContains(t, screen, "block sync ")
+	require.NotContains(t, screen, "n5 log")
+	require.NotContains(t, screen, "%")
 }

@@ -193,7 +193,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 	}
 	running.Store(node)
 	if sf.metricsAddr != "" {
-		page.Store(opsweb.NewPage(ctx, node, reg, logger))
+		page.Store(opsweb.NewPage(ctx, node, logger))
 	}
 	if waiting {
 		// A node without state and without --join is a spare: the cluster

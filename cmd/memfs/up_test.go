@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,11 +49,21 @@ func memfsBinary(t *testing.T) string {
 }
 
 // freeBasePort finds a base port whose API, Raft and metrics ports for n
-// nodes (memfs up's layout) are all free right now.
+// nodes (memfs up's layout) are all free right now, between 20000 and
+// 50000, or within MEMFS_TEST_BASE_PORTS=LO-HI (the bases, so that runs
+// sharing a machine can keep apart).
 func freeBasePort(t *testing.T, n int) int {
 	t.Helper()
+	lo, hi := 20000, 50000
+	if r := os.Getenv("MEMFS_TEST_BASE_PORTS"); r != "" {
+		a, b, ok := strings.Cut(r, "-")
+		var err1, err2 error
+		lo, err1 = strconv.Atoi(a)
+		hi, err2 = strconv.Atoi(b)
+		require.True(t, ok && err1 == nil && err2 == nil && lo < hi, "MEMFS_TEST_BASE_PORTS=%q: want LO-HI", r)
+	}
 	for range 100 {
-		if base := 20000 + rand.IntN(30000); basePortFree(base, n) {
+		if base := lo + rand.IntN(hi-lo); basePortFree(base, n) {
 			return base
 		}
 	}

@@ -70,6 +70,51 @@ func Items(w io.Writer, desc, unit string, quiet bool) *Bar {
 	)}
 }
 
+// ItemsOf returns a bar on w counting items (named unit) up to total:
+// the count, the rate and the time left; nothing when quiet or w is no
+// terminal.
+func ItemsOf(w io.Writer, total int64, desc, unit string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(max(total, 1),
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString(unit),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
+// Count returns a bar on w counting items (named unit) up to total, with
+// the rate and the time left at that rate; total may move (SetTotal), as
+// a log's end does while a node catches up with it. Nothing when quiet
+// or w is no terminal.
+func Count(w io.Writer, total int64, desc, unit string, quiet bool) *Bar {
+	if quiet || !IsTerminal(w) {
+		return nil
+	}
+	return &Bar{w: w, b: progressbar.NewOptions64(max(total, 1),
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString(unit),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetWidth(20),
+		// No throttle: a caller sets the end, the count and the text
+		// together, a few times a second, and the last of the three
+		// must be drawn.
+		progressbar.OptionOnCompletion(func() { _, _ = io.WriteString(w, "\n") }),
+	)}
+}
+
 // Waiting shows a spinner and the elapsed time on w for one long operation
 // whose progress cannot be known, until the returned stop is called, which
 // erases it; nothing when quiet or w is no terminal.
@@ -117,6 +162,27 @@ func (b *Bar) Write(p []byte) (int, error) {
 		_ = b.b.Add(len(p))
 	}
 	return len(p), nil
+}
+
+// Set sets what is done to n (of a Bytes or Count bar).
+func (b *Bar) Set(n int64) {
+	if b != nil {
+		_ = b.b.Set64(n)
+	}
+}
+
+// SetTotal moves the bar's end to n (at least 1).
+func (b *Bar) SetTotal(n int64) {
+	if n = max(n, 1); b != nil && b.b.GetMax64() != n {
+		b.b.ChangeMax64(n) // which redraws: only when it changed
+	}
+}
+
+// Describe changes the text before the bar.
+func (b *Bar) Describe(desc string) {
+	if b != nil {
+		b.b.Describe(desc)
+	}
 }
 
 // Finish draws the bar complete and ends its line.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -138,6 +139,24 @@ func (h Hist) Since(prev Hist) Hist {
 		d.Cumulative[i] = h.Cumulative[i] - prev.Cumulative[i]
 	}
 	return d
+}
+
+// Add is the observations of h and o together (two nodes' histograms of
+// one operation); ok is false, and the result h, when their buckets
+// differ. An empty h takes o's buckets.
+func (h Hist) Add(o Hist) (sum Hist, ok bool) {
+	if h.Count == 0 && len(h.Uppers) == 0 {
+		return Hist{Count: o.Count, Sum: o.Sum, Uppers: o.Uppers, Cumulative: slices.Clone(o.Cumulative)}, true
+	}
+	if !slices.Equal(h.Uppers, o.Uppers) || len(h.Cumulative) != len(o.Cumulative) {
+		return h, false
+	}
+	sum = Hist{Count: h.Count + o.Count, Sum: h.Sum + o.Sum, Uppers: h.Uppers,
+		Cumulative: make([]float64, len(h.Cumulative))}
+	for i := range h.Cumulative {
+		sum.Cumulative[i] = h.Cumulative[i] + o.Cumulative[i]
+	}
+	return sum, true
 }
 
 // Quantile estimates the q-quantile (0 < q < 1) as Prometheus's

@@ -81,3 +81,23 @@ func TestRatesAndQuantilesBetweenReadings(t *testing.T) {
 	require.Equal(t, cur.Values("ops_total", "type"), parsed.Values("ops_total", "type"))
 	require.Equal(t, cur.Histograms("lat_seconds", "type"), parsed.Histograms("lat_seconds", "type"))
 }
+
+func TestAddHistograms(t *testing.T) {
+	a := Hist{Count: 10, Sum: 1, Uppers: []float64{1, 2}, Cumulative: []float64{4, 8}}
+	b := Hist{Count: 5, Sum: 2, Uppers: []float64{1, 2}, Cumulative: []float64{1, 5}}
+	sum, ok := a.Add(b)
+	require.True(t, ok)
+	require.Equal(t, Hist{Count: 15, Sum: 3, Uppers: []float64{1, 2}, Cumulative: []float64{5, 13}}, sum)
+	require.Equal(t, []float64{4, 8}, a.Cumulative, "the operands stay as they were")
+
+	sum, ok = Hist{}.Add(b)
+	require.True(t, ok, "an empty sum takes the buckets of the first histogram")
+	require.Equal(t, b, sum)
+	sum.Cumulative[0] = 99
+	require.Equal(t, 1.0, b.Cumulative[0], "and copies its counts")
+
+	other := Hist{Count: 1, Uppers: []float64{1, 3}, Cumulative: []float64{0, 1}}
+	sum, ok = a.Add(other)
+	require.False(t, ok, "other buckets cannot be added")
+	require.Equal(t, a, sum)
+}

@@ -38,6 +38,7 @@ type Node struct {
 	CommitIndex  uint64 `json:"commit_index"`
 	LastLogIndex uint64 `json:"last_log_index"`
 	Voter        bool   `json:"voter"`
+	Term         uint64 `json:"term"`
 	Error        string `json:"error,omitempty"`
 	// The node's own totals and counters since it started.
 	LogicalBytes     uint64 `json:"logical_bytes"`
@@ -77,7 +78,7 @@ func New(st *pb.StatusResponse) Report {
 		r.Nodes = append(r.Nodes, Node{
 			ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State,
 			AppliedIndex: n.AppliedIndex, CommitIndex: n.CommitIndex, LastLogIndex: n.LastLogIndex,
-			Voter: n.Voter, Error: n.Error,
+			Voter: n.Voter, Term: n.Term, Error: n.Error,
 			LogicalBytes: n.LogicalBytes, PhysicalBytes: n.PhysicalBytes, SharedBytes: n.SharedBytes,
 			LogBytes: n.LogBytes, NetSentBytes: n.NetSentBytes, NetReceivedBytes: n.NetReceivedBytes,
 			WireDedupBytes: n.WireDedupBytes,

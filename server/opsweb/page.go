@@ -6,16 +6,11 @@ import (
 	"encoding/json"
 	"io/fs"
 	"log/slog"
-	"math"
 	"net/http"
 	"runtime/metrics"
-	"sort"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/memoryfs/memfs/internal/promstat"
 	"github.com/memoryfs/memfs/internal/statusreport"
 	"github.com/memoryfs/memfs/server"
 )
@@ -26,13 +21,13 @@ import (
 //go:embed assets
 var assets embed.FS
 
-// How the page samples: the node's metrics every sampleEvery, rates and
-// p99 over the last rateWindow, the cluster status every statusEvery, and
-// leader changes kept for leaderHistory.
+// How the page samples: leader changes every sampleEvery, kept for
+// leaderHistory; the cluster status every statusEvery, its rates and p99
+// over the last rateWindow.
 const (
 	sampleEvery   = time.Second
-	rateWindow    = 10 * time.Second
 	statusEvery   = 2 * time.Second
+	rateWindow    = 10 * time.Second
 	leaderHistory = time.Hour
 )
 
@@ -43,15 +38,14 @@ const (
 // statusEvery.
 type Page struct {
 	node *server.Node
-	reg  prometheus.Gatherer
 	log  *slog.Logger
 	mux  *http.ServeMux
 
-	mu      sync.Mutex
-	samples []promstat.Snapshot // oldest first, spanning rateWindow; guarded by mu
-	leaders []LeaderChange      // within leaderHistory; guarded by mu
-	cluster statusreport.Report // guarded by mu
-	asked   time.Time           // when cluster was read; guarded by mu
+	mu       sync.Mutex
+	readings []reading           // oldest first, spanning rateWindow; guarded by mu
+	leaders  []LeaderChange      // within leaderHistory; guarded by mu
+	cluster  statusreport.Report // guarded by mu
+	asked    time.Time           // when cluster was read; guarded by mu
 }
 
 // LeaderChange is a leader (or term) this node saw begin.
@@ -78,14 +72,18 @@ type PageData struct {
 	HeapBytes     uint64              `json:"heap_bytes"`
 	LeaderChanges []LeaderChange      `json:"leader_changes"`
 	WindowSeconds float64             `json:"window_seconds"`
-	Commands      []OpStat            `json:"commands"` // applied through this node as leader
-	Reads         []OpStat            `json:"reads"`    // queries this node answered
+	// The cluster's operations over the window, from every member that
+	// answered: commands by type (applied by whichever node led), reads
+	// by consistency level (answered by any node); and each member's
+	// operations per second, commands and reads together.
+	Commands    []OpStat           `json:"commands"`
+	Reads       []OpStat           `json:"reads"`
+	NodeOpsRate map[string]float64 `json:"node_ops_per_second"`
 }
 
-// NewPage starts gathering for n's page from reg (the registry n's
-// metrics are in) until ctx ends.
-func NewPage(ctx context.Context, n *server.Node, reg prometheus.Gatherer, log *slog.Logger) *Page {
-	p := &Page{node: n, reg: reg, log: log, mux: http.NewServeMux()}
+// NewPage starts gathering for n's page until ctx ends.
+func NewPage(ctx context.Context, n *server.Node, log *slog.Logger) *Page {
+	p := &Page{node: n, log: log, mux: http.NewServeMux()}
 	sub, _ := fs.Sub(assets, "assets")
 	p.mux.Handle("/", http.FileServerFS(sub))
 	p.mux.HandleFunc("/api/status", p.serveStatus)
@@ -109,21 +107,12 @@ func (p *Page) loop(ctx context.Context) {
 	}
 }
 
-// sample takes one reading; the cluster status only every statusEvery.
+// sample notes a leader change; the cluster status only every
+// statusEvery.
 func (p *Page) sample(ctx context.Context, now time.Time) {
-	snap, err := promstat.Take(p.reg)
-	if err != nil {
-		p.log.Warn("status page: read metrics", "err", err)
-	}
 	term := p.node.Raft().CurrentTerm()
 	leader, _ := p.node.Leader()
 	p.mu.Lock()
-	if err == nil {
-		p.samples = append(p.samples, snap)
-		for len(p.samples) > 2 && snap.At.Sub(p.samples[1].At) >= rateWindow {
-			p.samples = p.samples[1:]
-		}
-	}
 	if l := len(p.leaders); l == 0 || p.leaders[l-1].Term != term || p.leaders[l-1].Leader != leader {
 		p.leaders = append(p.leaders, LeaderChange{Time: time.Now(), Term: term, Leader: leader})
 	}
@@ -137,10 +126,16 @@ func (p *Page) sample(ctx context.Context, now time.Time) {
 	}
 	// Each peer is asked with its own 1 s bound; the loop's ticks that
 	// fall meanwhile are dropped, not queued.
-	rep := statusreport.New(p.node.ClusterStatus(ctx))
+	st := p.node.ClusterStatus(ctx)
+	at := time.Now()
+	r := readingOf(at, st)
 	p.mu.Lock()
-	p.cluster, p.asked = rep, time.Now()
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	p.cluster, p.asked = statusreport.New(st), at
+	p.readings = append(p.readings, r)
+	for len(p.readings) > 2 && at.Sub(p.readings[1].at) >= rateWindow {
+		p.readings = p.readings[1:]
+	}
 }
 
 func (p *Page) serveStatus(w http.ResponseWriter, _ *http.Request) {
@@ -160,42 +155,12 @@ func (p *Page) data() PageData {
 		Capabilities:  p.node.FSM().Stats().Caps,
 		HeapBytes:     heapBytes(),
 		LeaderChanges: append([]LeaderChange(nil), p.leaders...),
-		Commands:      []OpStat{}, Reads: []OpStat{},
 	}
-	if len(p.samples) < 2 {
-		return d
+	if n := len(p.readings); n >= 2 {
+		d.WindowSeconds = p.readings[n-1].at.Sub(p.readings[0].at).Seconds()
 	}
-	first, last := p.samples[0], p.samples[len(p.samples)-1]
-	d.WindowSeconds = last.At.Sub(first.At).Seconds()
-	d.Commands = opStats(first, last, "memfs_server_apply_duration_seconds", "type")
-	d.Reads = opStats(first, last, "memfs_server_query_duration_seconds", "consistency")
+	d.Commands, d.Reads, d.NodeOpsRate = clusterOps(p.readings)
 	return d
-}
-
-// opStats is the rate and p99 of each label value of a latency
-// histogram (its count is the operations), busiest first.
-func opStats(first, last promstat.Snapshot, hist, label string) []OpStat {
-	secs := last.At.Sub(first.At).Seconds()
-	was := first.Histograms(hist, label)
-	out := []OpStat{}
-	for k, h := range last.Histograms(hist, label) {
-		d := h.Since(was[k])
-		if d.Count == 0 || secs <= 0 {
-			continue
-		}
-		s := OpStat{Name: k, PerSecond: d.Count / secs}
-		if q := d.Quantile(0.99); !math.IsNaN(q) {
-			s.P99 = &q
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].PerSecond != out[j].PerSecond {
-			return out[i].PerSecond > out[j].PerSecond
-		}
-		return out[i].Name < out[j].Name
-	})
-	return out
 }
 
 // heapBytes is the Go heap in use (live and not yet collected), read

@@ -50,8 +50,11 @@ function fill(id, rows) {
   body.replaceChildren(...rows);
 }
 
+let refreshes = 0;
+
 function render(d) {
   const c = d.cluster;
+  refreshes++;
   document.getElementById("served-by").textContent = d.served_by;
   const upd = document.getElementById("updated");
   upd.textContent = "updated " + new Date(d.time).toLocaleTimeString();
@@ -71,6 +74,8 @@ function render(d) {
     card("heap_bytes", "heap of " + d.served_by, d.heap_bytes, bytes(d.heap_bytes)),
   );
 
+  const opsRate = id => (d.node_ops_per_second || {})[id] || 0;
+  document.getElementById("window-commands").textContent = d.window_seconds.toFixed(0);
   const leaderApplied = (c.nodes.find(n => n.id === c.leader) || {}).applied_index;
   fill("members", c.nodes.map(n => {
     const tr = el("tr", { "data-node": n.id });
@@ -79,16 +84,21 @@ function render(d) {
     if (n.restoring || n.sync_blocks_wanted > n.sync_blocks_fetched) {
       sync = n.sync_blocks_fetched + "/" + n.sync_blocks_wanted + " blocks, " +
         bytes(n.sync_bytes_fetched) + "/" + bytes(n.sync_bytes_wanted) + (n.restoring ? " (restoring)" : "");
+    } else if (!n.voter && !n.error && lag !== "" && lag > 0) {
+      // A node being added (memfs node replace) before its promotion.
+      sync = "catching up: " + lag + " entries behind";
     }
     tr.append(
       cell("id", n.id),
       cell("state", n.state, n.state || "?", n.state),
+      cell("term", n.term, n.error ? "–" : String(n.term), "num"),
       cell("voter", n.voter, n.voter ? "yes" : "no"),
       cell("api_addr", n.api_addr),
       cell("raft_addr", n.raft_addr),
       cell("applied_index", n.applied_index, undefined, "num"),
       cell("commit_index", n.commit_index, undefined, "num"),
       cell("lag", lag, undefined, "num"),
+      cell("ops_per_second", opsRate(n.id), n.error ? "–" : opsRate(n.id).toFixed(1), "num"),
       cell("physical_bytes", n.physical_bytes, n.error ? "–" : bytes(n.physical_bytes), "num"),
       cell("sync", sync),
       cell("error", n.error || "", n.error || "", "err"),
@@ -115,7 +125,12 @@ function render(d) {
       cell("term", ch.term), cell("leader", ch.leader, ch.leader || "(none)"));
     return tr;
   }));
+  // For tools and the page's tests: how many answers were drawn, and
+  // the served time and status age of the last one.
   document.body.setAttribute("data-loaded", "true");
+  document.body.setAttribute("data-refreshes", String(refreshes));
+  document.body.setAttribute("data-time", d.time);
+  document.body.setAttribute("data-status-age", String(d.status_age_seconds));
 }
 
 async function refresh() {
