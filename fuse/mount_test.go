@@ -499,6 +499,29 @@ func TestPermissionsAsOtherUser(t *testing.T) {
 	}
 	_, err = os.Stat(rootFile)
 	require.NoError(t, err)
+
+	// fs.protected_symlinks: the kernel refuses to follow the user's
+	// symlink in a sticky world-writable directory for anyone else, from
+	// the owners and modes the mount reports.
+	out, err = asUser("ln -s rootfile ulink")
+	require.NoError(t, err, out)
+	if testBinding == BindingBazil {
+		return // S_ISVTX is not shown by bazil's stat, so the kernel sees no sticky directory
+	}
+	const knob = "/proc/sys/fs/protected_symlinks"
+	was, err := os.ReadFile(knob)
+	if err != nil {
+		return
+	}
+	if os.WriteFile(knob, []byte("1"), 0) != nil {
+		return
+	}
+	t.Cleanup(func() { _ = os.WriteFile(knob, was, 0) })
+	_, err = os.ReadFile(filepath.Join(shared, "ulink"))
+	require.ErrorIs(t, err, syscall.EACCES, "root followed another user's symlink in a sticky world-writable directory")
+	out, err = asUser("cat ulink")
+	require.NoError(t, err, out)
+	require.Equal(t, "root's", out, "the symlink's owner follows it")
 }
 
 // TestMknod: mknod makes regular files, FIFOs, sockets and devices with
