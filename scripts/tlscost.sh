@@ -16,40 +16,20 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 shift || true
 [ $# -gt 0 ] || set -- --total 256MiB --creates 5000
-tmp=$(mktemp -d /tmp/memfs-tls-XXXXXX)
-up=
-cleanup() {
-  [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-BIN=${BIN:-$tmp/memfs}
-[ -x "$BIN" ] || CGO_ENABLED=0 go build -trimpath -o "$BIN" ./cmd/memfs
-base=${BASE_PORT:-37000}
-cluster="127.0.0.1:$((base+1)),127.0.0.1:$((base+2)),127.0.0.1:$((base+3))"
-
-# cpu PIDS: user + system time of the processes, in clock ticks.
-cpu() { local s=0 p; for p in "$@"; do s=$((s + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$s"; }
+# shellcheck source=upcluster.sh
+. scripts/upcluster.sh
+up_init 37000
 
 for ((r = 1; r <= rounds; r++)); do
   for mode in tls insecure; do
-    rm -rf "$tmp/data"
-    flags=()
-    [ "$mode" = insecure ] && flags=(--insecure)
-    "$BIN" up --nodes 3 --ephemeral --dir "$tmp/data" --base-port "$base" "${flags[@]}" >"$tmp/up.log" 2>&1 &
-    up=$!
-    for _ in $(seq 300); do grep -q "is up" "$tmp/up.log" && break; sleep 0.1; done
-    grep -q "is up" "$tmp/up.log" || { cat "$tmp/up.log"; exit 1; }
-    unset MEMFS_CA MEMFS_CERT MEMFS_KEY
-    eval "$(sed -n 's/^ *\(export MEMFS_CA=.*\)$/\1/p' "$tmp/up.log" | head -1)"
-    pids=$(pgrep -P "$up" | tr '\n' ' ')
-    t0=$(cpu $pids)
-    b0=$(awk '{print $14 + $15}' /proc/self/stat)
+    flags=(--ephemeral)
+    [ "$mode" = insecure ] && flags+=(--insecure)
+    up_start "${flags[@]}"
+    t0=$(nodecpu $pids)
     "$BIN" --cluster "$cluster" bench "$@" >"$tmp/bench.log"
-    t1=$(cpu $pids)
+    t1=$(nodecpu $pids)
     awk -v r="$r" -v m="$mode" '/^(write|read|create) / {print "round " r " " m " " $0}' "$tmp/bench.log"
-    echo "round $r $mode node CPU $(( (t1 - t0) * 1000 / $(getconf CLK_TCK) )) ms, load $(cut -d' ' -f1 /proc/loadavg)"
-    kill "$up"; wait "$up" 2>/dev/null || true
-    up=
+    echo "round $r $mode node CPU $(ms $((t1 - t0))) ms, load $(cut -d' ' -f1 /proc/loadavg)"
+    up_stop
   done
 done
