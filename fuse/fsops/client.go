@@ -372,7 +372,20 @@ func (o *ClientOps) Open(ctx context.Context, ino uint64, flags int, c Caller) (
 		o.meta.forgetAttr(ino)
 	}
 	o.register(newOpenFile(ino, h, f&syscall.O_APPEND != 0))
-	return OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
+	return OpenOut{Handle: h, KeepCache: o.keepCache(ino)}, 0
+}
+
+// keepCache reports whether the kernel may keep the pages it cached of ino
+// at an open: while the change stream is received and, with
+// capabilities, while the mount holds one on ino. Without one, pages the
+// kernel read may have been changed by another client since, which a
+// recall would have dropped but a change event reports only after the
+// change committed: a program that takes a lock another host just gave
+// up could read the file as it was before the other host wrote it (with
+// go-fuse the kernel compares its pages with the attributes too; with
+// bazil it does not).
+func (o *ClientOps) keepCache(ino uint64) bool {
+	return o.watching.Load() && (!o.meta.on() || o.meta.caps.Held(ino))
 }
 
 // Create implements Ops.
@@ -391,7 +404,7 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 			nf := newOpenFile(a.Ino, h, f&syscall.O_APPEND != 0)
 			nf.journaled.Store(true)
 			o.register(nf)
-			return a, OpenOut{Handle: h, KeepCache: o.watching.Load()}, 0
+			return a, OpenOut{Handle: h, KeepCache: o.keepCache(a.Ino)}, 0
 		}
 	}
 	if o.meta.on() {
@@ -407,8 +420,8 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 	}
 	h, pa := res.GetHandle(), res.GetAttr()
 	o.createdHere(parent, name, res, 0)
-	out = OpenOut{Handle: h, KeepCache: o.watching.Load()}
 	a = attrOf(pa)
+	out = OpenOut{Handle: h, KeepCache: o.keepCache(a.Ino)}
 	if pa == nil {
 		if a, e = o.Lookup(ctx, parent, name); e != 0 {
 			_ = o.c.CloseHandle(ctx, h)

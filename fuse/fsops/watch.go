@@ -28,7 +28,8 @@ const maxBatch = 256
 // inode an event names loses its cached attributes and pages, and every
 // directory entry it names is dropped from the kernel's name cache. While
 // the stream is open, opens keep the kernel's page cache
-// (OpenOut.KeepCache); until it is, they do not. When the client had to
+// (OpenOut.KeepCache; with capabilities, of files the mount holds one on);
+// until it is, they do not. When the client had to
 // reconnect the stream, events may have been missed, and everything cached
 // is dropped (if inv is a Resetter).
 //
