@@ -67,6 +67,9 @@ func (t *tx) newInode(mode, uid, gid uint32, ino uint64) *inode {
 // addEntry links n into dir as name.
 func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.dirents.put(dirKey(dir.ino, name), dent{ino: n.ino, typ: n.mode & modeType})
+	if !n.isDir() {
+		t.countLink(n.ino, dir.ino, 1)
+	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() {
@@ -79,10 +82,25 @@ func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.entryChanged(dir.ino, name)
 }
 
+// countLink adds delta to the names of file ino in directory dir.
+func (s *state) countLink(ino, dir uint64, delta int) {
+	k := pairKey(ino, dir)
+	c, _ := s.links.get(k)
+	switch n := int(c) + delta; {
+	case n > 0:
+		s.links.put(k, uint32(n))
+	default:
+		s.links.del(k)
+	}
+}
+
 // removeEntry unlinks name (naming n) from dir; n's link count is the
 // caller's business (dropLink).
 func (t *tx) removeEntry(dir *inode, name string, n *inode) {
 	t.dirents.del(dirKey(dir.ino, name))
+	if !n.isDir() {
+		t.countLink(n.ino, dir.ino, -1)
+	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() && d.nlink > 2 {
@@ -287,7 +305,7 @@ func (t *tx) rename(x *pb.RenameCmd) (*pb.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if dr.dir == nil && dr.node != nil && dr.node.ino == rootIno && x.Dst.GetIno() == 0 {
+	if dr.dir == nil && dr.node != nil && dr.node.ino == t.rootOf() && x.Dst.GetIno() == 0 {
 		return nil, errf(syscall.EBUSY, "rename onto the root")
 	}
 	if err := dr.nameable(x.Dst); err != nil {

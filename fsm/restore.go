@@ -275,11 +275,17 @@ func (rs *restorer) token(d *dec) error {
 	hash := d.bytes()
 	role := d.u()
 	k := &token{role: pb.Role(role), name: d.s(), created: d.i(), expires: d.i()}
+	if d.err == nil && len(d.b) > 0 {
+		k.path = d.s()
+	}
 	if err := d.done(); err != nil {
 		return err
 	}
 	if len(hash) != len(k.hash) || role > uint64(pb.Role_ROLE_ADMIN) || !validTokenRole(k.role) || len(k.name) > maxTokenName {
 		return badSnap("token %x: role %d, name of %d bytes", hash, role, len(k.name))
+	}
+	if k.path != "" && (CheckRoot(k.path) != nil || k.role == pb.Role_ROLE_ADMIN) {
+		return badSnap("token %x: confinement %q for role %d", hash, k.path, role)
 	}
 	copy(k.hash[:], hash)
 	return putNew(rs, &rs.s.tokens, k.hash[:], k)

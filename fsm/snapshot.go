@@ -19,7 +19,8 @@ import (
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
-//	  'T' token: hash, role, name, created, expires
+//	  'T' token: hash, role, name, created, expires, then its path when
+//	      it has one
 //	  'S' session (its inode reservations, when it has any or an owner,
 //	      then its owner, when it has one, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
@@ -117,6 +118,9 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	sw.record(recHeader, e.b, nil)
 	s.tokens.root().Walk(func(_ []byte, k *token) bool {
 		e.reset().bytes(k.hash[:]).u(uint64(k.role)).s(k.name).i(k.created).i(k.expires)
+		if k.path != "" {
+			e.s(k.path) // absent when empty: what earlier versions wrote
+		}
 		sw.record(recToken, e.b, nil)
 		return sw.err != nil
 	})

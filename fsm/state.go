@@ -285,6 +285,14 @@ type state struct {
 	caps     tab[*capab]       // ino + session id -> capability
 	rlocks   tab[*fileLocks]   // ino -> POSIX and flock locks (filelocks.go)
 	tokens   tab[*token]       // SHA-256 of a bearer token -> token
+	// links counts the names of each file (anything but a directory) by
+	// the directory holding them: ino + parent ino -> names. Derived from
+	// dirents (never in a snapshot); confinement checks read it.
+	links tab[uint32]
+
+	// conf is the confinement of the running command or query (confine.go);
+	// nil in a published state.
+	conf *confinement
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -294,6 +302,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
 		caps: newTab[*capab](), rlocks: newTab[*fileLocks](), tokens: newTab[*token](),
+		links: newTab[uint32](),
 	}
 }
 
@@ -307,6 +316,7 @@ func (s *state) commit() {
 	s.caps.commit()
 	s.rlocks.commit()
 	s.tokens.commit()
+	s.links.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

@@ -130,6 +130,8 @@ func verifyDirents(s *state, links map[uint64]*linkCount) error {
 		links[d.ino].names++
 		if c.isDir() {
 			links[parent].subdirs++
+		} else {
+			s.countLink(d.ino, parent, 1)
 		}
 		return false
 	})
