@@ -86,7 +86,7 @@ func stat(ctx context.Context, cl *client.Client, loc *pb.Loc) (*pb.Result, erro
 func refused(t *testing.T, err error, what string) {
 	t.Helper()
 	require.Error(t, err, what)
-	//XX require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", what, err)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", what, err)
 	require.ErrorIs(t, err, syscall.EACCES, what)
 }
 
