@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/fsm"
+	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server/authz"
 )
 

@@ -14,8 +14,8 @@ import (
 
 var certFlags struct {
 	dir, keyType, role, path string
-	hosts, nodes       []string
-	ttl                time.Duration
+	hosts, nodes             []string
+	ttl                      time.Duration
 }
 
 var certCmd = &cobra.Command{

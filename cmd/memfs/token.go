@@ -20,7 +20,7 @@ import (
 
 var tokenFlags struct {
 	role, name, out, path string
-	ttl             time.Duration
+	ttl                   time.Duration
 }
 
 var tokenCmd = &cobra.Command{

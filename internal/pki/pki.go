@@ -68,9 +68,9 @@ type Pair struct {
 
 // Request describes a certificate to issue.
 type Request struct {
-	Name    string        // Subject CommonName
-	Role    string        // RoleNode, RoleAdmin, RoleWrite or RoleRead
-	Hosts   []string      // SANs: IP addresses and DNS names (nodes)
+	Name  string   // Subject CommonName
+	Role  string   // RoleNode, RoleAdmin, RoleWrite or RoleRead
+	Hosts []string // SANs: IP addresses and DNS names (nodes)
 	// Path confines a read or write client to a directory: a URI SAN
 	// PathScheme:PATH (docs/security.md, "Confinement").
 	Path    string
