@@ -24,9 +24,10 @@ import (
 //   - every inode named by number (a Loc's ino or parent, a grant, a lock)
 //     must lie inside: a directory whose parents lead to the root
 //     directory, or a file with at least one name in such a directory
-//     (the derived links index lists the directories that name each
-//     file), or a file without a name that a session of the same client
-//     holds open. Anything else is EACCES;
+//     (names.go: a file's parent field, or for a file with names in
+//     several directories the links index), or a file without a name
+//     that a session of the same client holds open. Anything else is
+//     EACCES;
 //   - a handle must be one of the client's own sessions' (commands check
 //     that for every client; a confined query checks the handle's owner);
 //   - inode numbers 1 and the directory's are swapped in the request and
@@ -101,20 +102,16 @@ func (s *state) inside(n *inode) bool {
 	if n.isDir() {
 		return s.within(n, s.conf.root)
 	}
-	if n.nlink == 0 {
+	if n.parent == 0 {
 		return s.heldOpen(n.ino)
 	}
-	it := s.links.root().Iterator()
-	it.SeekPrefix(u64key(n.ino))
-	for {
-		k, _, ok := it.Next()
-		if !ok {
-			return false
-		}
-		if d := s.inode(be.Uint64(k[8:])); d != nil && s.within(d, s.conf.root) {
-			return true
-		}
-	}
+	in := false
+	s.namedIn(n, func(dir uint64) bool {
+		d := s.inode(dir)
+		in = d != nil && s.within(d, s.conf.root)
+		return !in
+	})
+	return in
 }
 
 // heldOpen reports whether a session of the confined client holds ino

@@ -1,6 +1,7 @@
 package fsm_test
 
 import (
+	"maps"
 	"syscall"
 	"testing"
 
@@ -60,7 +61,10 @@ func TestConfinedLinksAcrossRestore(t *testing.T) {
 		require.EqualValues(t, 1, r.Attr.Ino)
 	}
 	check(h.F)
-	check(restored(t, snapBytes(t, h.F)))
+	g := restored(t, snapBytes(t, h.F))
+	check(g)
+	require.NoError(t, h.F.CheckNames())
+	require.NoError(t, g.CheckNames())
 }
 
 // TestConfinedCommandsChangeNothingOutside: commands of a confined client
@@ -122,4 +126,97 @@ func TestConfinedTokens(t *testing.T) {
 	require.Len(t, toks, 1)
 	require.Equal(t, "/tenants/a", toks[0].Path)
 	require.Equal(t, snap, snapBytes(t, g))
+}
+
+// TestConfinedHardLinks: a file is inside while any of its names is.
+// Renames, unlinks and clones of hard-linked files move it in and out; at
+// every step a replica restored from a snapshot, and one restored at the
+// start that applied the log since, answer every confined question as the
+// one that applied the whole log, and each holds where every file is
+// named as its entries say.
+func TestConfinedHardLinks(t *testing.T) {
+	h := ft.New(t, fsm.Config{})
+	for _, d := range []string{"/a", "/a/sub", "/out", "/src", "/src/sub"} {
+		h.Must(ft.Mkdir(d, 0o755))
+	}
+	for _, l := range [][2]string{{"/a/r", "/out/r"}, {"/a/u", "/out/u"}, {"/a/v", "/out/v"}, {"/a/s", "/a/s2"},
+		{"/src/x", "/src/sub/y"}, {"/src/z", "/out/z"}} {
+		h.Must(mkfile(l[0], []byte(l[0])))
+		h.Must(ft.Link(l[0], l[1]))
+	}
+	follower := restored(t, snapBytes(t, h.F))
+	inos := map[string]uint64{}
+	label := func(name, p string) { inos[name] = ino(t, h, p) }
+	for _, name := range []string{"r", "u", "v", "s"} {
+		label(name, "/a/"+name)
+	}
+	label("x", "/src/x")
+	label("z", "/src/z")
+
+	steps := []struct {
+		name   string
+		cmds   []*pb.Command
+		labels map[string]string // label -> path, taken after cmds
+		want   map[string]syscall.Errno
+	}{
+		{name: "named inside and outside",
+			want: map[string]syscall.Errno{"r": 0, "u": 0, "v": 0, "s": 0, "x": syscall.EACCES, "z": syscall.EACCES}},
+		{name: "rename the inside name out", cmds: []*pb.Command{ft.Rename("/a/r", "/out/r2")},
+			want: map[string]syscall.Errno{"r": syscall.EACCES}},
+		{name: "rename the outside name in", cmds: []*pb.Command{ft.Rename("/out/r", "/a/sub/r3")},
+			want: map[string]syscall.Errno{"r": 0}},
+		{name: "rename inside one directory", cmds: []*pb.Command{ft.Rename("/a/sub/r3", "/a/sub/r4")},
+			want: map[string]syscall.Errno{"r": 0}},
+		{name: "rename onto its other name", cmds: []*pb.Command{ft.Rename("/out/r2", "/a/sub/r4")},
+			want: map[string]syscall.Errno{"r": 0}},
+		{name: "unlink the inside one of two names", cmds: []*pb.Command{ft.Unlink("/a/u")},
+			want: map[string]syscall.Errno{"u": syscall.EACCES}},
+		{name: "unlink the outside one of two names", cmds: []*pb.Command{ft.Unlink("/out/v")},
+			want: map[string]syscall.Errno{"v": 0}},
+		{name: "unlink one of two names in one directory", cmds: []*pb.Command{ft.Unlink("/a/s")},
+			want: map[string]syscall.Errno{"s": 0}},
+		{name: "then move the other out", cmds: []*pb.Command{ft.Rename("/a/s2", "/out/s2")},
+			want: map[string]syscall.Errno{"s": syscall.EACCES}},
+		{name: "clone a tree with hard links in", cmds: []*pb.Command{ft.Clone("/src", "/a/copy", true)},
+			labels: map[string]string{"cx": "/a/copy/x", "cy": "/a/copy/sub/y", "cz": "/a/copy/z"},
+			want:   map[string]syscall.Errno{"cx": 0, "cz": 0, "x": syscall.EACCES, "z": syscall.EACCES}},
+		{name: "clone it outside", cmds: []*pb.Command{ft.Clone("/src", "/out/copy", true)},
+			labels: map[string]string{"ox": "/out/copy/x", "oz": "/out/copy/z"},
+			want:   map[string]syscall.Errno{"ox": syscall.EACCES, "oz": syscall.EACCES, "cx": 0}},
+		{name: "move one name of the cloned link out", cmds: []*pb.Command{ft.Rename("/a/copy/x", "/out/cx")},
+			want: map[string]syscall.Errno{"cx": 0}},
+		{name: "unlink its last name inside", cmds: []*pb.Command{ft.Unlink("/a/copy/sub/y")},
+			want: map[string]syscall.Errno{"cx": syscall.EACCES}},
+		{name: "link it back in, twice, and a clone of an outside one", cmds: []*pb.Command{
+			ft.Link("/out/cx", "/a/cx"), ft.Link("/out/cx", "/a/sub/cx"), ft.Unlink("/a/cx"), ft.Link("/out/copy/x", "/a/ox")},
+			want: map[string]syscall.Errno{"cx": 0, "ox": 0, "oz": syscall.EACCES}},
+	}
+	want := map[string]syscall.Errno{}
+	for _, st := range steps {
+		for _, c := range st.cmds {
+			e := ft.Entry(h.Time, c)
+			h.Index++
+			h.Time += int64(h.Step)
+			r := h.F.Apply(h.Index, e)[0]
+			require.Zero(t, r.Errno, "%s: %v: %s", st.name, c, r.Message)
+			follower.Apply(h.Index, e)
+		}
+		for name, p := range st.labels {
+			label(name, p)
+		}
+		maps.Copy(want, st.want)
+		if st.labels["cx"] != "" {
+			require.Equal(t, inos["cx"], inos["cy"], "the clone keeps the hard link")
+			require.NotEqual(t, inos["z"], inos["cz"])
+		}
+		snap := snapBytes(t, h.F)
+		require.Equal(t, snap, snapBytes(t, follower), st.name)
+		for which, f := range map[string]*fsm.FSM{"log": h.F, "follower": follower, "restored": restored(t, snap)} {
+			require.NoError(t, f.CheckNames(), "%s: %s", st.name, which)
+			for name, errno := range want {
+				r := f.Query(stQ("/a", &pb.Loc{Ino: inos[name]}))
+				require.Equal(t, errno, errnoOf(r), "%s: %s: %s: %s", st.name, which, name, r.Message)
+			}
+		}
+	}
 }

@@ -68,7 +68,8 @@ func (t *tx) newInode(mode, uid, gid uint32, ino uint64) *inode {
 func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.dirents.put(dirKey(dir.ino, name), dent{ino: n.ino, typ: n.mode & modeType})
 	if !n.isDir() {
-		t.countLink(n.ino, dir.ino, 1)
+		p := t.inode(n.ino).parent
+		t.fileParent(n.ino, t.nameAdded(n.ino, p, dir.ino))
 	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
@@ -82,24 +83,13 @@ func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.entryChanged(dir.ino, name)
 }
 
-// countLink adds delta to the names of file ino in directory dir.
-func (s *state) countLink(ino, dir uint64, delta int) {
-	k := pairKey(ino, dir)
-	c, _ := s.links.get(k)
-	switch n := int(c) + delta; {
-	case n > 0:
-		s.links.put(k, uint32(n))
-	default:
-		s.links.del(k)
-	}
-}
-
 // removeEntry unlinks name (naming n) from dir; n's link count is the
 // caller's business (dropLink).
 func (t *tx) removeEntry(dir *inode, name string, n *inode) {
 	t.dirents.del(dirKey(dir.ino, name))
 	if !n.isDir() {
-		t.countLink(n.ino, dir.ino, -1)
+		p := t.inode(n.ino).parent
+		t.fileParent(n.ino, t.nameRemoved(n.ino, p, dir.ino))
 	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
@@ -430,7 +420,6 @@ func (c *cloner) copy(n *inode, dir *inode, name string) uint64 {
 	c.seen[n.ino] = m.ino
 	m.size, m.stored, m.ext = n.size, n.stored, n.ext
 	m.atime, m.mtime = n.atime, n.mtime
-	m.parent = dir.ino
 	if n.isReg() {
 		t.logical += n.size
 		// Collect first: the tree must not change under its iterator.

@@ -451,6 +451,9 @@ func (rs *restorer) inode(d *dec) error {
 		return badSnap("inode %d: field over 32 bits", n.ino)
 	}
 	n.mode, n.nlink, n.uid, n.gid = uint32(mode), uint32(nlink), uint32(uid), uint32(gid)
+	if !n.isDir() {
+		n.parent = 0 // verifyDirents derives it from the entries
+	}
 	if target != "" || len(xs) > 0 {
 		n.ext = &inodeExt{target: target, xattrs: xs}
 	}

@@ -53,7 +53,10 @@ type inode struct {
 	gen    uint64 // log index at creation
 	size   uint64 // regular files: logical size; symlinks: target length; devices: rdev
 	stored uint64 // bytes held in stored chunks (Attr.blocks)
-	parent uint64 // directories: the directory holding this one
+	// parent is, for a directory, the directory holding it; for another
+	// inode, derived from the entries (names.go): the directory of its
+	// only name, manyDirs when it has names in several, 0 when none.
+	parent uint64
 	atime  int64
 	mtime  int64
 	ctime  int64
@@ -285,9 +288,10 @@ type state struct {
 	caps     tab[*capab]       // ino + session id -> capability
 	rlocks   tab[*fileLocks]   // ino -> POSIX and flock locks (filelocks.go)
 	tokens   tab[*token]       // SHA-256 of a bearer token -> token
-	// links counts the names of each file (anything but a directory) by
-	// the directory holding them: ino + parent ino -> names. Derived from
-	// dirents (never in a snapshot); confinement checks read it.
+	// links counts the names of each file (anything but a directory)
+	// whose parent field is manyDirs by the directory holding them:
+	// ino + parent ino -> names (names.go). Derived from dirents (never in
+	// a snapshot); confinement checks read it.
 	links tab[uint32]
 
 	// conf is the confinement of the running command or query (confine.go);
