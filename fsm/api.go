@@ -15,6 +15,8 @@ import (
 	"io"
 	"math"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memoryfs/memfs/fsm/block"
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -77,6 +79,11 @@ type Applier interface {
 	BufferedBy(q *pb.Query, session uint64) []uint64
 	// Token looks a bearer token up by its SHA-256 (tokens.go).
 	Token(hash []byte) *pb.Token
+	// Outside and Confined serve clients confined to a directory
+	// (confine.go): a request's inode numbers checked before it is sent
+	// on, and the part of a change event such a client may see.
+	Outside(root, owner string, m proto.Message) error
+	Confined(ev *pb.WatchEvent, root, owner string) *pb.WatchEvent
 }
 
 // Snapshot is a captured, immutable state; WriteTo may run concurrently

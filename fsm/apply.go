@@ -114,7 +114,13 @@ func (t *tx) command(c *pb.Command) *pb.Result {
 		sess.prune(c.Ack)
 	}
 	t.cmdSession = c.Session
-	r, err := t.exec(c, sess)
+	var r *pb.Result
+	var err error
+	if c.Root != "" {
+		r, err = t.confinedExec(c, sess)
+	} else {
+		r, err = t.exec(c, sess)
+	}
 	if err == errRecall {
 		// Not recorded either: the node applies it again when the
 		// capabilities are gone, under the same (session, seq).

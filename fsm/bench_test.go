@@ -117,6 +117,31 @@ func BenchmarkMemoryPerFile(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryPerLink measures the heap held per second name of a
+// file in another directory (a hard link, what confinement's links index
+// holds): 100k empty files in directories of 1000, each then linked into
+// a directory of its own tree, 1000 links per entry.
+func BenchmarkMemoryPerLink(b *testing.B) {
+	for b.Loop() {
+		h := buildTree(b, 100, 1000)
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		for d := range 100 {
+			h.Must(ft.Mkdir(fmt.Sprintf("/l%d", d), 0o755))
+			links := make([]*pb.Command, 1000)
+			for i := range links {
+				links[i] = ft.Link(fmt.Sprintf("/d%d/file-%d", d, i), fmt.Sprintf("/l%d/file-%d", d, i))
+			}
+			h.Apply(links...)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		b.ReportMetric(float64(m1.HeapAlloc-m0.HeapAlloc)/100_000, "B/link")
+		runtime.KeepAlive(h)
+	}
+}
+
 // buildTree creates dirs directories of files empty files each, the
 // opens of one directory in one entry and their closes in the next.
 func buildTree(b testing.TB, dirs, files int) *ft.Harness {

@@ -168,6 +168,11 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 	}
 	want := make([]uint64, 0, len(x.Inos))
 	for _, ino := range x.Inos {
+		if n := t.inode(ino); n != nil {
+			if err := t.checkInside(n); err != nil {
+				return nil, err
+			}
+		}
 		want = append(want, ino)
 		if !x.WithEntries {
 			continue

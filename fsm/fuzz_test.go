@@ -58,11 +58,13 @@ func FuzzApplyBytes(f *testing.F) {
 			require.Equal(t, snapBytes(t, ref), snapBytes(t, m))
 			return
 		}
+		require.NoError(t, m.CheckNames())
 		snap := snapBytes(t, m)
 		g, err2 := fsm.New(fsm.Config{MemoryLimit: genLimit})
 		require.NoError(t, err2)
 		require.NoError(t, g.Restore(bytes.NewReader(snap)), "state after the entry breaks an invariant")
 		require.Equal(t, snap, snapBytes(t, g))
+		require.NoError(t, g.CheckNames())
 	})
 }
 
@@ -153,6 +155,7 @@ func checkRestore(t *testing.T, data []byte) {
 		require.Equal(t, before, snapBytes(t, m))
 		return
 	}
+	require.NoError(t, m.CheckNames())
 	snap := snapBytes(t, m)
 	g := restored(t, snap)
 	require.Equal(t, snap, snapBytes(t, g))
@@ -160,5 +163,6 @@ func checkRestore(t *testing.T, data []byte) {
 	for i, e := range fuzzAfter() {
 		m.Apply(m.AppliedIndex()+uint64(i)+1, e)
 	}
+	require.NoError(t, m.CheckNames())
 	restored(t, snapBytes(t, m))
 }

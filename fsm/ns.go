@@ -67,6 +67,10 @@ func (t *tx) newInode(mode, uid, gid uint32, ino uint64) *inode {
 // addEntry links n into dir as name.
 func (t *tx) addEntry(dir *inode, name string, n *inode) {
 	t.dirents.put(dirKey(dir.ino, name), dent{ino: n.ino, typ: n.mode & modeType})
+	if !n.isDir() {
+		p := t.inode(n.ino).parent
+		t.fileParent(n.ino, t.nameAdded(n.ino, p, dir.ino))
+	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() {
@@ -83,6 +87,10 @@ func (t *tx) addEntry(dir *inode, name string, n *inode) {
 // caller's business (dropLink).
 func (t *tx) removeEntry(dir *inode, name string, n *inode) {
 	t.dirents.del(dirKey(dir.ino, name))
+	if !n.isDir() {
+		p := t.inode(n.ino).parent
+		t.fileParent(n.ino, t.nameRemoved(n.ino, p, dir.ino))
+	}
 	d := t.mut(dir)
 	d.mtime, d.ctime = t.stamp, t.stamp
 	if n.isDir() && d.nlink > 2 {
@@ -287,7 +295,7 @@ func (t *tx) rename(x *pb.RenameCmd) (*pb.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if dr.dir == nil && dr.node != nil && dr.node.ino == rootIno && x.Dst.GetIno() == 0 {
+	if dr.dir == nil && dr.node != nil && dr.node.ino == t.rootOf() && x.Dst.GetIno() == 0 {
 		return nil, errf(syscall.EBUSY, "rename onto the root")
 	}
 	if err := dr.nameable(x.Dst); err != nil {
@@ -412,7 +420,6 @@ func (c *cloner) copy(n *inode, dir *inode, name string) uint64 {
 	c.seen[n.ino] = m.ino
 	m.size, m.stored, m.ext = n.size, n.stored, n.ext
 	m.atime, m.mtime = n.atime, n.mtime
-	m.parent = dir.ino
 	if n.isReg() {
 		t.logical += n.size
 		// Collect first: the tree must not change under its iterator.

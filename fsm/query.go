@@ -13,6 +13,9 @@ const nominalFree = 1 << 40
 
 // query answers q from s, which is a published (immutable) state.
 func (s *state) query(q *pb.Query) *pb.Result {
+	if q.GetRoot() != "" && s.conf == nil {
+		return s.confinedQuery(q)
+	}
 	r, err := s.answer(q)
 	if err != nil {
 		return errResult(err)
@@ -69,6 +72,9 @@ func (s *state) read(x *pb.ReadQuery) (*pb.Result, error) {
 		h := s.handle(x.Handle)
 		if h == nil {
 			return nil, errf(syscall.EBADF, "handle %d", x.Handle)
+		}
+		if err := s.checkHandle(h); err != nil {
+			return nil, err
 		}
 		if !h.granted {
 			return nil, errf(syscall.EAGAIN, "handle %d is waiting for its exclusive open", x.Handle)
@@ -194,6 +200,9 @@ func (s *state) handleStatus(x *pb.HandleQuery) (*pb.Result, error) {
 	h := s.handle(x.Handle)
 	if h == nil || (x.Session != 0 && h.session != x.Session) {
 		return nil, errf(syscall.EBADF, "handle %d", x.Handle)
+	}
+	if err := s.checkHandle(h); err != nil {
+		return nil, err
 	}
 	if !h.granted {
 		return &pb.Result{Handle: h.id, Queued: true}, nil

@@ -40,7 +40,7 @@ func (s *state) resolveWith(w *walker, loc *pb.Loc, follow bool) (resolved, erro
 		if p[0] != '/' {
 			return resolved{}, errf(syscall.EINVAL, "path %q is not absolute", p)
 		}
-		return w.walk(s.inode(rootIno), p, follow)
+		return w.walk(s.inode(s.rootOf()), p, follow)
 	case loc.Name != "":
 		if err := checkName(loc.Name); err != nil {
 			return resolved{}, err
@@ -52,11 +52,17 @@ func (s *state) resolveWith(w *walker, loc *pb.Loc, follow bool) (resolved, erro
 		if !dir.isDir() {
 			return resolved{}, errf(syscall.ENOTDIR, "inode %d", loc.Parent)
 		}
+		if err := s.checkInside(dir); err != nil {
+			return resolved{}, err
+		}
 		return w.walk(dir, loc.Name, follow)
 	case loc.Ino != 0:
 		n := s.inode(loc.Ino)
 		if n == nil {
 			return resolved{}, errf(syscall.ENOENT, "inode %d", loc.Ino)
+		}
+		if err := s.checkInside(n); err != nil {
+			return resolved{}, err
 		}
 		return resolved{node: n}, nil
 	}
@@ -125,7 +131,7 @@ func (t *tx) oldEntry(loc *pb.Loc) (resolved, error) {
 	if err != nil {
 		return r, err
 	}
-	if r.dir == nil && r.node != nil && r.node.ino == rootIno {
+	if r.dir == nil && r.node != nil && r.node.ino == t.rootOf() {
 		return r, errf(syscall.EBUSY, "%s is the root", locString(loc))
 	}
 	if err := r.nameable(loc); err != nil {
@@ -140,7 +146,8 @@ func (t *tx) oldEntry(loc *pb.Loc) (resolved, error) {
 // nameable checks that r is a real directory entry with a usable name.
 func (r resolved) nameable(loc *pb.Loc) error {
 	if r.dir == nil {
-		if r.node != nil && r.node.ino == rootIno && loc.GetIno() == 0 {
+		if r.node != nil && loc.GetIno() == 0 { // only the root has no entry
+
 			return errf(syscall.EEXIST, "%s is the root", locString(loc))
 		}
 		return errf(syscall.EINVAL, "%s: needs a path or a parent and name", locString(loc))
@@ -189,7 +196,7 @@ type walker struct {
 func (w *walker) walk(start *inode, p string, follow bool) (resolved, error) {
 	cur := start
 	if strings.HasPrefix(p, "/") {
-		cur = w.s.inode(rootIno)
+		cur = w.s.inode(w.s.rootOf())
 	}
 	rest := p
 	for {
@@ -252,8 +259,8 @@ func (w *walker) step(dir *inode, comp string) (*inode, error) {
 	case ".":
 		return dir, nil
 	case "..":
-		if dir.ino == rootIno {
-			return dir, nil
+		if dir.ino == rootIno || dir.ino == w.s.rootOf() {
+			return dir, nil // a confined client's root is its "/"
 		}
 		p := w.s.inode(dir.parent)
 		if p == nil {

@@ -275,11 +275,17 @@ func (rs *restorer) token(d *dec) error {
 	hash := d.bytes()
 	role := d.u()
 	k := &token{role: pb.Role(role), name: d.s(), created: d.i(), expires: d.i()}
+	if d.err == nil && len(d.b) > 0 {
+		k.path = d.s()
+	}
 	if err := d.done(); err != nil {
 		return err
 	}
 	if len(hash) != len(k.hash) || role > uint64(pb.Role_ROLE_ADMIN) || !validTokenRole(k.role) || len(k.name) > maxTokenName {
 		return badSnap("token %x: role %d, name of %d bytes", hash, role, len(k.name))
+	}
+	if k.path != "" && (CheckRoot(k.path) != nil || k.role == pb.Role_ROLE_ADMIN) {
+		return badSnap("token %x: confinement %q for role %d", hash, k.path, role)
 	}
 	copy(k.hash[:], hash)
 	return putNew(rs, &rs.s.tokens, k.hash[:], k)
@@ -445,6 +451,9 @@ func (rs *restorer) inode(d *dec) error {
 		return badSnap("inode %d: field over 32 bits", n.ino)
 	}
 	n.mode, n.nlink, n.uid, n.gid = uint32(mode), uint32(nlink), uint32(uid), uint32(gid)
+	if !n.isDir() {
+		n.parent = 0 // verifyDirents derives it from the entries
+	}
 	if target != "" || len(xs) > 0 {
 		n.ext = &inodeExt{target: target, xattrs: xs}
 	}

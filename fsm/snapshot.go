@@ -19,14 +19,17 @@ import (
 //	magic "MEMFSNAP", uvarint version
 //	records: kind byte, uvarint payload length, payload
 //	  'H' header (first): chunk size, index, time, next inode/handle/session, inode count
-//	  'T' token: hash, role, name, created, expires
+//	  'T' token: hash, role, name, created, expires, then its path when
+//	      it has one
 //	  'S' session (its inode reservations, when it has any or an owner,
 //	      then its owner, when it has one, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
 //	      at the end, absent when it equals the epoch),
 //	  'P' the file locks of one inode: the locks held, then the waiters
 //	  'U' recorded result
-//	  'I' inode, 'D' directory entry
+//	  'I' inode (its parent 0 unless a directory: a file's directories
+//	      come from the entries; earlier versions may have written one),
+//	  'D' directory entry
 //	  'B' chunk with its block's bytes (the block's first reference)
 //	  'R' chunk naming a block already written, by hash
 //	  'K' chunk naming a block kept outside the stream: hash and length
@@ -117,6 +120,9 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	sw.record(recHeader, e.b, nil)
 	s.tokens.root().Walk(func(_ []byte, k *token) bool {
 		e.reset().bytes(k.hash[:]).u(uint64(k.role)).s(k.name).i(k.created).i(k.expires)
+		if k.path != "" {
+			e.s(k.path) // absent when empty: what earlier versions wrote
+		}
 		sw.record(recToken, e.b, nil)
 		return sw.err != nil
 	})
@@ -221,7 +227,11 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 }
 
 func encodeInode(e *enc, n *inode) *enc {
-	e.u(n.ino).u(n.gen).u(n.size).u(n.parent).i(n.atime).i(n.mtime).i(n.ctime)
+	parent := n.parent
+	if !n.isDir() {
+		parent = 0 // derived from the entries (names.go)
+	}
+	e.u(n.ino).u(n.gen).u(n.size).u(parent).i(n.atime).i(n.mtime).i(n.ctime)
 	e.u(uint64(n.mode)).u(uint64(n.nlink)).u(uint64(n.uid)).u(uint64(n.gid))
 	e.s(n.target()).u(uint64(len(n.xattrs())))
 	for _, a := range n.xattrs() {

@@ -57,8 +57,11 @@ func TestDeterminism(t *testing.T) {
 			for j := range ra {
 				require.True(t, proto.Equal(ra[j], rb[j]), "entry %d command %d: %v vs %v", idx, j, ra[j], rb[j])
 			}
+			require.NoError(t, a.CheckNames(), "entry %d", idx)
+			require.NoError(t, b.CheckNames(), "entry %d", idx)
 			if c != nil {
 				rc := c.Apply(idx, e)
+				require.NoError(t, c.CheckNames(), "restored copy: entry %d", idx)
 				for j := range ra {
 					require.True(t, proto.Equal(ra[j], rc[j]), "restored copy: entry %d command %d: %v vs %v", idx, j, ra[j], rc[j])
 				}

@@ -53,7 +53,10 @@ type inode struct {
 	gen    uint64 // log index at creation
 	size   uint64 // regular files: logical size; symlinks: target length; devices: rdev
 	stored uint64 // bytes held in stored chunks (Attr.blocks)
-	parent uint64 // directories: the directory holding this one
+	// parent is, for a directory, the directory holding it; for another
+	// inode, derived from the entries (names.go): the directory of its
+	// only name, manyDirs when it has names in several, 0 when none.
+	parent uint64
 	atime  int64
 	mtime  int64
 	ctime  int64
@@ -285,6 +288,15 @@ type state struct {
 	caps     tab[*capab]       // ino + session id -> capability
 	rlocks   tab[*fileLocks]   // ino -> POSIX and flock locks (filelocks.go)
 	tokens   tab[*token]       // SHA-256 of a bearer token -> token
+	// links counts the names of each file (anything but a directory)
+	// whose parent field is manyDirs by the directory holding them:
+	// ino + parent ino -> names (names.go). Derived from dirents (never in
+	// a snapshot); confinement checks read it.
+	links tab[uint32]
+
+	// conf is the confinement of the running command or query (confine.go);
+	// nil in a published state.
+	conf *confinement
 }
 
 func newState(chunkSize int, blocks *block.Store) *state {
@@ -294,6 +306,7 @@ func newState(chunkSize int, blocks *block.Store) *state {
 		inodes: newTab[*inode](), dirents: newTab[dent](), chunks: newTab[*block.Block](),
 		handles: newTab[*handle](), locks: newTab[*xlock](), sessions: newTab[*session](),
 		caps: newTab[*capab](), rlocks: newTab[*fileLocks](), tokens: newTab[*token](),
+		links: newTab[uint32](),
 	}
 }
 
@@ -307,6 +320,7 @@ func (s *state) commit() {
 	s.caps.commit()
 	s.rlocks.commit()
 	s.tokens.commit()
+	s.links.commit()
 }
 
 // Keys. Big-endian numbers keep tree order equal to numeric order.

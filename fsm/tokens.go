@@ -15,8 +15,9 @@ type token struct {
 	hash    [sha256.Size]byte
 	role    pb.Role
 	name    string
-	created int64 // log time
-	expires int64 // log time; 0: never
+	created int64  // log time
+	expires int64  // log time; 0: never
+	path    string // the directory its holder is confined to; "": none
 }
 
 // Limits of tokens.
@@ -38,7 +39,7 @@ func TokenID(hash []byte) string {
 }
 
 func (k *token) describe() *pb.Token {
-	return &pb.Token{Id: TokenID(k.hash[:]), Role: k.role, Name: k.name, CreatedNs: k.created, ExpiresNs: k.expires}
+	return &pb.Token{Id: TokenID(k.hash[:]), Role: k.role, Name: k.name, CreatedNs: k.created, ExpiresNs: k.expires, Path: k.path}
 }
 
 func validTokenRole(r pb.Role) bool {
@@ -55,6 +56,13 @@ func (t *tx) tokenCreate(x *pb.TokenCreateCmd) (*pb.Result, error) {
 		return nil, errf(syscall.ENAMETOOLONG, "token name of %d bytes", len(x.Name))
 	case x.TtlMs < 0 || x.TtlMs > maxTokenTTLms:
 		return nil, errf(syscall.EINVAL, "token lifetime %d ms", x.TtlMs)
+	case x.Path != "" && x.Role == pb.Role_ROLE_ADMIN:
+		return nil, errf(syscall.EINVAL, "an admin token cannot be confined to a path: it could make tokens for any")
+	}
+	if x.Path != "" {
+		if err := CheckRoot(x.Path); err != nil {
+			return nil, err
+		}
 	}
 	if _, ok := t.tokens.get(x.Hash); ok {
 		return nil, errf(syscall.EEXIST, "token %s exists", TokenID(x.Hash))
@@ -62,7 +70,7 @@ func (t *tx) tokenCreate(x *pb.TokenCreateCmd) (*pb.Result, error) {
 	if t.tokens.len() >= maxTokens {
 		return nil, errf(syscall.ENOSPC, "%d tokens stored; revoke some", maxTokens)
 	}
-	k := &token{role: x.Role, name: x.Name, created: t.now}
+	k := &token{role: x.Role, name: x.Name, created: t.now, path: x.Path}
 	copy(k.hash[:], x.Hash)
 	if x.TtlMs > 0 {
 		k.expires = t.now + x.TtlMs*1e6

@@ -71,6 +71,14 @@ func (f *FSM) BufferedBy(q *pb.Query, session uint64) []uint64 {
 	if s.nexcl == 0 {
 		return nil
 	}
+	if q.GetRoot() != "" {
+		v, root, err := s.confined(q)
+		if err != nil {
+			return nil
+		}
+		defer SwapInodes(q, root)
+		s = v
+	}
 	var out []uint64
 	for _, c := range s.bufferedBy(s.readsOf(q), session) {
 		out = append(out, c.ino)

@@ -130,6 +130,10 @@ func verifyDirents(s *state, links map[uint64]*linkCount) error {
 		links[d.ino].names++
 		if c.isDir() {
 			links[parent].subdirs++
+		} else if p := s.nameAdded(d.ino, c.parent, parent); p != c.parent {
+			m := *c
+			m.parent = p
+			s.inodes.put(u64key(m.ino), &m)
 		}
 		return false
 	})

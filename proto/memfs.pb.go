@@ -2383,11 +2383,15 @@ func (x *Lock) GetOwner() uint64 {
 // enters the log. The token lasts ttl_ms from the entry's time (0: until
 // revoked).
 type TokenCreateCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hash          []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
-	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	TtlMs         int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Hash  []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Role  Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=memfs.v1.Role" json:"role,omitempty"`
+	Name  string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	TtlMs int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// path confines the token's holder to this directory (docs/security.md,
+	// "Confinement"): an absolute, clean path ("/tenants/a"); empty: the
+	// whole tree. Not for the admin role.
+	Path          string `protobuf:"bytes,50,opt,name=path,proto3" json:"path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2450,6 +2454,13 @@ func (x *TokenCreateCmd) GetTtlMs() int64 {
 	return 0
 }
 
+func (x *TokenCreateCmd) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 // TokenRevokeCmd removes the token whose id (TokenId: the first 8 bytes of
 // its hash in hex) is id. ENOENT when there is none.
 type TokenRevokeCmd struct {
@@ -2504,6 +2515,7 @@ type Token struct {
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	CreatedNs     int64                  `protobuf:"varint,4,opt,name=created_ns,json=createdNs,proto3" json:"created_ns,omitempty"`
 	ExpiresNs     int64                  `protobuf:"varint,5,opt,name=expires_ns,json=expiresNs,proto3" json:"expires_ns,omitempty"` // 0: never
+	Path          string                 `protobuf:"bytes,50,opt,name=path,proto3" json:"path,omitempty"`                            // the directory its holder is confined to; empty: none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2573,6 +2585,13 @@ func (x *Token) GetExpiresNs() int64 {
 	return 0
 }
 
+func (x *Token) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 // Command is one mutating operation with its retry identity. A command with
 // a (session, seq) seen before returns the recorded result and does not
 // apply again. ack tells the state machine that the client has received
@@ -2593,6 +2612,14 @@ type Command struct {
 	// node run without TLS. A session belongs to the owner of the command
 	// that opened it, and refuses commands of any other owner with EPERM.
 	Owner string `protobuf:"bytes,5,opt,name=owner,proto3" json:"owner,omitempty"`
+	// root, like owner set by the node that received the command from the
+	// client, is the directory the client is confined to (its token's or
+	// certificate's path; empty: none). The state machine then resolves
+	// every path of the command from that directory, as the client's "/",
+	// refuses with EACCES every inode outside it, and swaps inode numbers 1
+	// and root's in the command and its result, so that the client sees the
+	// directory as inode 1 (docs/security.md, "Confinement").
+	Root string `protobuf:"bytes,50,opt,name=root,proto3" json:"root,omitempty"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Command_Open
@@ -2686,6 +2713,13 @@ func (x *Command) GetStampNs() int64 {
 func (x *Command) GetOwner() string {
 	if x != nil {
 		return x.Owner
+	}
+	return ""
+}
+
+func (x *Command) GetRoot() string {
+	if x != nil {
+		return x.Root
 	}
 	return ""
 }
@@ -4102,7 +4136,12 @@ type Query struct {
 	//	*Query_Usage
 	//	*Query_Lock
 	//	*Query_Tokens
-	Q             isQuery_Q `protobuf_oneof:"q"`
+	Q isQuery_Q `protobuf_oneof:"q"`
+	// root and owner are set by the node that received the query from the
+	// client, as in Command: root confines the query, and a read through a
+	// handle of a confined client must name a handle of a session of owner.
+	Root          string `protobuf:"bytes,50,opt,name=root,proto3" json:"root,omitempty"`
+	Owner         string `protobuf:"bytes,51,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4241,6 +4280,20 @@ func (x *Query) GetTokens() *TokensQuery {
 		}
 	}
 	return nil
+}
+
+func (x *Query) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *Query) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type isQuery_Q interface {
@@ -6016,14 +6069,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
 	"\asession\x18\x05 \x01(\x04R\asession\x12\x14\n" +
-	"\x05owner\x18\x06 \x01(\x04R\x05owner\"s\n" +
+	"\x05owner\x18\x06 \x01(\x04R\x05owner\"\x87\x01\n" +
 	"\x0eTokenCreateCmd\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x12\"\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x15\n" +
-	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\" \n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\x12\x12\n" +
+	"\x04path\x182 \x01(\tR\x04path\" \n" +
 	"\x0eTokenRevokeCmd\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x8d\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xa1\x01\n" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x0e.memfs.v1.RoleR\x04role\x12\x12\n" +
@@ -6031,14 +6085,16 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x1d\n" +
 	"\n" +
-	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\"\xe9\n" +
+	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\x12\x12\n" +
+	"\x04path\x182 \x01(\tR\x04path\"\xfd\n" +
 	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03ack\x18\x03 \x01(\x04R\x03ack\x12\x19\n" +
 	"\bstamp_ns\x18\x04 \x01(\x03R\astampNs\x12\x14\n" +
-	"\x05owner\x18\x05 \x01(\tR\x05owner\x12'\n" +
+	"\x05owner\x18\x05 \x01(\tR\x05owner\x12\x12\n" +
+	"\x04root\x182 \x01(\tR\x04root\x12'\n" +
 	"\x04open\x18\n" +
 	" \x01(\v2\x11.memfs.v1.OpenCmdH\x00R\x04open\x12*\n" +
 	"\x05close\x18\v \x01(\v2\x12.memfs.v1.CloseCmdH\x00R\x05close\x12*\n" +
@@ -6142,7 +6198,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xad\x04\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xd7\x04\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -6156,7 +6212,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usage\x12)\n" +
 	"\x04lock\x18\n" +
 	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lock\x12/\n" +
-	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokensB\x03\n" +
+	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokens\x12\x12\n" +
+	"\x04root\x182 \x01(\tR\x04root\x12\x14\n" +
+	"\x05owner\x183 \x01(\tR\x05ownerB\x03\n" +
 	"\x01q\"U\n" +
 	"\fApplyRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12+\n" +

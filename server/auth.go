@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"time"
 
@@ -11,7 +13,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/memoryfs/memfs/fsm"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server/authz"
 )
@@ -24,6 +28,9 @@ type caller struct {
 	name  string // certificate common name, or "token ID", for messages
 	owner string // Command.owner of its commands: "cert:CN" or "token:ID"
 	role  pb.Role
+	// root is the directory the caller is confined to (its token's or
+	// certificate's path; docs/security.md, "Confinement"); "": none.
+	root string
 }
 
 // identify finds the caller's role: a verified client certificate of the
@@ -36,7 +43,22 @@ func (n *Node) identify(ctx context.Context) (caller, error) {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
 			leaf := ti.State.VerifiedChains[0][0]
 			cn := leaf.Subject.CommonName
-			return caller{name: cn, owner: "cert:" + cn, role: authz.CertRole(leaf)}, nil
+			c := caller{name: cn, owner: "cert:" + cn, role: authz.CertRole(leaf)}
+			root, err := authz.CertPath(leaf)
+			if err != nil {
+				return caller{}, status.Errorf(codes.Unauthenticated, "certificate %s: %v", cn, err)
+			}
+			if root != "" {
+				if err := fsm.CheckRoot(root); err != nil || c.role > pb.Role_ROLE_WRITE {
+					return caller{}, status.Errorf(codes.Unauthenticated, "certificate %s: confinement %q refused (a clean absolute path, read and write roles only)", cn, root)
+				}
+				// Certificates of one name with different paths are
+				// different identities: they share no session.
+				sum := sha256.Sum256([]byte(root))
+				c.root, c.owner = root, c.owner+" path:"+hex.EncodeToString(sum[:8])
+				c.name = cn + " (confined to " + root + ")"
+			}
+			return c, nil
 		}
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -56,7 +78,11 @@ func (n *Node) identify(ctx context.Context) (caller, error) {
 		return caller{}, status.Errorf(codes.Unauthenticated, "token %s expired at %s", tok.Id,
 			time.Unix(0, tok.ExpiresNs).UTC().Format(time.RFC3339))
 	}
-	return caller{name: "token " + tok.Id, owner: "token:" + tok.Id, role: tok.Role}, nil
+	c := caller{name: "token " + tok.Id, owner: "token:" + tok.Id, role: tok.Role, root: tok.Path}
+	if c.root != "" {
+		c.name += " (confined to " + c.root + ")"
+	}
+	return c, nil
 }
 
 // authorize refuses a request whose caller lacks the role its method (and
@@ -78,20 +104,58 @@ func (n *Node) authorize(ctx context.Context, method string, req any) (caller, e
 	if err != nil {
 		return caller{}, err
 	}
+	name := method[strings.LastIndexByte(method, '/')+1:]
 	if c.role < need {
 		return caller{}, status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: it needs role %s",
-			c.name, authz.RoleName(c.role), method[strings.LastIndexByte(method, '/')+1:], authz.RoleName(need))
+			c.name, authz.RoleName(c.role), name, authz.RoleName(need))
+	}
+	if c.root != "" {
+		if need >= pb.Role_ROLE_ADMIN {
+			return caller{}, status.Errorf(codes.PermissionDenied, "%s may not call %s: it is confined to a directory", c.name, name)
+		}
+		if err := n.outside(c, req); err != nil {
+			return caller{}, err
+		}
 	}
 	return c, nil
 }
 
-// stampOwner sets a command's owner to its caller's, unless a node
-// forwarded it: the node that took it from the client stamped it already.
+// outside refuses, before any work, a request of a confined caller that
+// names by number an inode outside its directory in this node's state.
+// The state machine checks again when the request runs.
+func (n *Node) outside(c caller, req any) error {
+	var m proto.Message
+	switch r := req.(type) {
+	case *pb.ApplyRequest:
+		m = r.GetCommand()
+	case *pb.QueryRequest:
+		m = r.GetQuery()
+	}
+	if m == nil {
+		return nil
+	}
+	if err := n.fsm.Outside(c.root, c.owner, m); err != nil {
+		return status.Errorf(codes.PermissionDenied, "%s: %v", c.name, err)
+	}
+	return nil
+}
+
+// stampOwner sets a command's owner and root to its caller's, unless a
+// node forwarded it: the node that took it from the client stamped them
+// already.
 func stampOwner(ctx context.Context, cmd *pb.Command, c caller) {
 	if cmd == nil || c.role == pb.Role_ROLE_NODE && isForwarded(ctx) {
 		return
 	}
-	cmd.Owner = c.owner
+	cmd.Owner, cmd.Root = c.owner, c.root
+}
+
+// stampQuery does for a query what stampOwner does for a command.
+func stampQuery(ctx context.Context, q *pb.Query, c caller) {
+	if q == nil || c.role == pb.Role_ROLE_NODE && isForwarded(ctx) {
+		return
+	}
+	q.Owner, q.Root = c.owner, c.root
 }
 
 func (n *Node) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -99,8 +163,11 @@ func (n *Node) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInf
 	if err != nil {
 		return nil, err
 	}
-	if r, ok := req.(*pb.ApplyRequest); ok {
+	switch r := req.(type) {
+	case *pb.ApplyRequest:
 		stampOwner(ctx, r.GetCommand(), c)
+	case *pb.QueryRequest:
+		stampQuery(ctx, r.GetQuery(), c)
 	}
 	return handler(ctx, req)
 }
@@ -113,19 +180,51 @@ func (n *Node) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServer
 	if err != nil {
 		return err
 	}
-	return handler(srv, &ownerStream{ServerStream: ss, caller: c})
+	return handler(srv, &ownerStream{ServerStream: ss, n: n, caller: c, ctx: context.WithValue(ss.Context(), callerKey{}, c)})
+}
+
+// callerKey holds the caller in a stream's context (Watch filters by it).
+type callerKey struct{}
+
+// callerOf returns the caller authStream found, if any.
+func callerOf(ctx context.Context) (caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(caller)
+	return c, ok
 }
 
 // ownerStream stamps the owner on the command a Write stream carries.
 type ownerStream struct {
 	grpc.ServerStream
+	n      *Node
 	caller caller
+	ctx    context.Context
 }
 
+func (s *ownerStream) Context() context.Context { return s.ctx }
+
+// RecvMsg stamps the command of a Write stream and the query of a Read
+// stream, and refuses, for a confined caller, one naming an inode
+// outside its directory.
 func (s *ownerStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
-	if f, ok := m.(*pb.WriteFrame); ok && err == nil {
-		stampOwner(s.Context(), f.GetCommand(), s.caller)
+	if err != nil {
+		return err
 	}
-	return err
+	switch f := m.(type) {
+	case *pb.WriteFrame:
+		if s.caller.root != "" && f.GetCommand() != nil {
+			if err := s.n.outside(s.caller, &pb.ApplyRequest{Command: f.GetCommand()}); err != nil {
+				return err
+			}
+		}
+		stampOwner(s.Context(), f.GetCommand(), s.caller)
+	case *pb.QueryRequest:
+		if s.caller.root != "" {
+			if err := s.n.outside(s.caller, f); err != nil {
+				return err
+			}
+		}
+		stampQuery(s.Context(), f.GetQuery(), s.caller)
+	}
+	return nil
 }

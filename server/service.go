@@ -509,9 +509,22 @@ func (s *service) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[
 	}
 	w := s.n.watchers.subscribe()
 	defer s.n.watchers.unsubscribe(w)
+	// The client waits for the header to know it is subscribed; a
+	// confined client may see no event for a long time.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	c, _ := callerOf(stream.Context())
 	for {
 		select {
 		case ev := <-w.ch:
+			if c.root != "" {
+				// A confined client sees only changes inside its
+				// directory, in its numbering.
+				if ev = s.n.fsm.Confined(ev, c.root, c.owner); ev == nil {
+					continue
+				}
+			}
 			if err := stream.Send(ev); err != nil {
 				return err
 			}

@@ -13,9 +13,9 @@ import (
 )
 
 var certFlags struct {
-	dir, keyType, role string
-	hosts, nodes       []string
-	ttl                time.Duration
+	dir, keyType, role, path string
+	hosts, nodes             []string
+	ttl                      time.Duration
 }
 
 var certCmd = &cobra.Command{
@@ -79,6 +79,7 @@ func init() {
 		},
 	}
 	clientCmd.Flags().StringVar(&certFlags.role, "role", pki.RoleRead, "role: read, write or admin")
+	clientCmd.Flags().StringVar(&certFlags.path, "path", "", "confine the client to this directory, which it sees as / (read and write roles)")
 	initCmd := &cobra.Command{
 		Use: "init", Short: "Make the missing certificates of a whole cluster (CA, nodes, admin)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -106,7 +107,7 @@ func issueCert(cmd *cobra.Command, name, role string, hosts []string) error {
 	if err != nil {
 		return explainedError{fmt.Errorf("load the CA from %s (make one with `memfs cert ca`): %w", certFlags.dir, err)}
 	}
-	p, err := ca.Issue(pki.Request{Name: name, Role: role, Hosts: hosts, TTL: certFlags.ttl, KeyType: certFlags.keyType})
+	p, err := ca.Issue(pki.Request{Name: name, Role: role, Hosts: hosts, Path: certFlags.path, TTL: certFlags.ttl, KeyType: certFlags.keyType})
 	if err != nil {
 		return usageError{err}
 	}

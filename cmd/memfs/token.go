@@ -13,13 +13,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/fsm"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server/authz"
 )
 
 var tokenFlags struct {
-	role, name, out string
-	ttl             time.Duration
+	role, name, out, path string
+	ttl                   time.Duration
 }
 
 var tokenCmd = &cobra.Command{
@@ -30,6 +31,7 @@ MEMFS_TOKEN_FILE, over TLS only) with the role it was made with. The
 cluster stores only its SHA-256; the text is printed once, by create.
 
   memfs token create --role write --name ci --ttl 720h --out ci.token
+  memfs token create --role write --path /tenants/a --out a.token   # sees /tenants/a as /
   memfs token list
   memfs token revoke ID`,
 }
@@ -42,6 +44,14 @@ func init() {
 			if err != nil || role == pb.Role_ROLE_NODE {
 				return usageError{fmt.Errorf("--role %q: want read, write or admin", tokenFlags.role)}
 			}
+			if tokenFlags.path != "" {
+				if role == pb.Role_ROLE_ADMIN {
+					return usageError{errors.New("--path: an admin token cannot be confined (it could make tokens for any path)")}
+				}
+				if err := fsm.CheckRoot(tokenFlags.path); err != nil {
+					return usageError{fmt.Errorf("--path: %w", err)}
+				}
+			}
 			if tokenFlags.ttl < 0 {
 				return usageError{errors.New("--ttl must not be negative")}
 			}
@@ -51,7 +61,7 @@ func init() {
 			}
 			text := "memfs_" + base64.RawURLEncoding.EncodeToString(raw[:])
 			res, err := c.Do(ctx, &pb.Command{Op: &pb.Command_TokenCreate{TokenCreate: &pb.TokenCreateCmd{
-				Hash: authz.TokenHash(text), Role: role, Name: tokenFlags.name, TtlMs: tokenFlags.ttl.Milliseconds()}}})
+				Hash: authz.TokenHash(text), Role: role, Name: tokenFlags.name, TtlMs: tokenFlags.ttl.Milliseconds(), Path: tokenFlags.path}}})
 			if err != nil {
 				return err
 			}
@@ -72,6 +82,7 @@ func init() {
 	f.StringVar(&tokenFlags.role, "role", "", "read, write or admin (required)")
 	f.StringVar(&tokenFlags.name, "name", "", "a note on who or what the token is for")
 	f.DurationVar(&tokenFlags.ttl, "ttl", 0, "lifetime (0: until revoked)")
+	f.StringVar(&tokenFlags.path, "path", "", "confine the token to this directory, which its holder sees as / (read and write roles)")
 	f.StringVar(&tokenFlags.out, "out", "", "write the token to this file (mode 0600) instead of stdout")
 	_ = create.MarkFlagRequired("role")
 
@@ -83,13 +94,17 @@ func init() {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tROLE\tNAME\tCREATED\tEXPIRES")
+			fmt.Fprintln(w, "ID\tROLE\tPATH\tNAME\tCREATED\tEXPIRES")
 			for _, t := range res.GetTokens() {
 				exp := "never"
 				if t.ExpiresNs != 0 {
 					exp = time.Unix(0, t.ExpiresNs).UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", t.Id, authz.RoleName(t.Role), t.Name,
+				path := t.Path
+				if path == "" {
+					path = "/"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Id, authz.RoleName(t.Role), path, t.Name,
 					time.Unix(0, t.CreatedNs).UTC().Format(time.RFC3339), exp)
 			}
 			return w.Flush()

@@ -22,8 +22,11 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -34,6 +37,10 @@ const (
 	RoleWrite = "write"
 	RoleRead  = "read"
 )
+
+// PathScheme is the scheme of the URI SAN that confines a client
+// certificate to a directory: "memfs-path:/tenants/a".
+const PathScheme = "memfs-path"
 
 // Key types.
 const (
@@ -61,9 +68,12 @@ type Pair struct {
 
 // Request describes a certificate to issue.
 type Request struct {
-	Name    string        // Subject CommonName
-	Role    string        // RoleNode, RoleAdmin, RoleWrite or RoleRead
-	Hosts   []string      // SANs: IP addresses and DNS names (nodes)
+	Name  string   // Subject CommonName
+	Role  string   // RoleNode, RoleAdmin, RoleWrite or RoleRead
+	Hosts []string // SANs: IP addresses and DNS names (nodes)
+	// Path confines a read or write client to a directory: a URI SAN
+	// PathScheme:PATH (docs/security.md, "Confinement").
+	Path    string
 	TTL     time.Duration // validity from now (one year when 0)
 	KeyType string        // Ed25519 (default) or ECDSA
 	// NotBefore, when set, replaces "one minute ago" (tests make expired
@@ -150,6 +160,15 @@ func (ca *Pair) Issue(r Request) (*Pair, error) {
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if _, ok := ca.Key.(*ecdsa.PrivateKey); ok {
 		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
+	}
+	if r.Path != "" {
+		if r.Role != RoleRead && r.Role != RoleWrite {
+			return nil, fmt.Errorf("a %s certificate cannot be confined to a path (only read and write)", r.Role)
+		}
+		if !strings.HasPrefix(r.Path, "/") || path.Clean(r.Path) != r.Path || r.Path == "/" {
+			return nil, fmt.Errorf("path %q is not absolute and clean (like /tenants/a)", r.Path)
+		}
+		tmpl.URIs = []*url.URL{{Scheme: PathScheme, Opaque: r.Path}}
 	}
 	if r.Role == RoleNode {
 		// A node serves the API and Raft and dials the other nodes.

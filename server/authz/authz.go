@@ -157,6 +157,31 @@ func CertRole(cert *x509.Certificate) pb.Role {
 	return best
 }
 
+// pathScheme is pki.PathScheme (this package imports nothing of ours but
+// the protocol).
+const pathScheme = "memfs-path"
+
+// CertPath is the directory a verified client certificate confines its
+// holder to: the path of its URI SAN memfs-path:PATH, "" when it has
+// none. Two different paths are an error (the certificate is refused).
+func CertPath(cert *x509.Certificate) (string, error) {
+	found := ""
+	for _, u := range cert.URIs {
+		if u.Scheme != pathScheme {
+			continue
+		}
+		p := u.Opaque
+		if p == "" {
+			p = u.Path
+		}
+		if found != "" && p != found {
+			return "", fmt.Errorf("certificate names two paths, %q and %q", found, p)
+		}
+		found = p
+	}
+	return found, nil
+}
+
 // ParseRole reads "read", "write", "admin" or "node".
 func ParseRole(s string) (pb.Role, error) {
 	switch strings.ToLower(s) {

@@ -46,9 +46,9 @@ func tlsClient(t *testing.T, c *server.Cluster) *client.Client {
 // TestHostileClients attacks a 3-node TLS cluster on both ports while an
 // honest client writes and reads: idle connections by the thousand,
 // garbage bytes, TLS that never finishes (slow loris), an HTTP/2 frame
-// declaring 16 MiB, wrong and expired certificates, and an authenticated
-// client that opens reads and never takes the data. No honest operation
-// may fail or return other bytes, every node must stay up, and the heap
+// declaring 16 MiB, wrong and expired certificates, an authenticated
+// client that opens reads and never takes the data, and a client with a
+// token for another path prefix. No honest operation may fail or return other bytes, every node must stay up, and the heap
 // must stay bounded. The honest client's latencies with and without the
 // attack are logged (docs/security.md records them).
 func TestHostileClients(t *testing.T) {
@@ -176,6 +176,14 @@ func TestHostileClients(t *testing.T) {
 			}
 		})
 	}
+	// A token for another path prefix, guessing inode and handle numbers.
+	mallory := newPrefixAttacker(t, c, honest)
+	var guess atomic.Uint64
+	loop(func() {
+		for _, l := range mallory.attack(ctx, guess.Add(1)%mallory.maxIno+1) {
+			t.Error(l)
+		}
+	})
 	// Authenticated slow readers: streams of /big nobody reads.
 	slow := tlsClient(t, c)
 	for range 20 {
