@@ -101,7 +101,7 @@ func (rs *restorer) externChunk(d *dec) error {
 			if uint64(b.Len()) != size {
 				return badSnap("block %s: %d bytes, held %d", h.Short(), size, b.Len())
 			}
-			s.chunks.put(key, s.blocks.Adopt(h, b.Data())) // immutable: shared, not copied
+			s.chunks.put(key, s.blocks.Share(b)) // immutable: shared, not copied
 			return nil
 		}
 	}

@@ -85,7 +85,7 @@ func (b *blockSync) data(h block.Hash) []byte {
 }
 
 func (b *blockSync) has(h block.Hash) bool {
-	return b.fsm.Block(h) != nil || (b.dir != nil && b.dir.Has(h))
+	return b.fsm.HasBlock(h) || (b.dir != nil && b.dir.Has(h))
 }
 
 func parseHashes(raw [][]byte) ([]block.Hash, error) {
