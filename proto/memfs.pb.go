@@ -4700,8 +4700,18 @@ type NodeStatus struct {
 	// Blocks fetched from peers since the process started (with
 	// sync_bytes_fetched_total: a catch-up may take several restores).
 	SyncBlocksFetchedTotal uint64 `protobuf:"varint,28,opt,name=sync_blocks_fetched_total,json=syncBlocksFetchedTotal,proto3" json:"sync_blocks_fetched_total,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The process's memory as the kernel counts it: resident bytes, and of
+	// those the ones not backed by a file; block_memory_bytes is what the
+	// blocks take of it (fsm/block's arena, pages touched).
+	RssBytes         uint64 `protobuf:"varint,40,opt,name=rss_bytes,json=rssBytes,proto3" json:"rss_bytes,omitempty"`
+	AnonBytes        uint64 `protobuf:"varint,41,opt,name=anon_bytes,json=anonBytes,proto3" json:"anon_bytes,omitempty"`
+	BlockMemoryBytes uint64 `protobuf:"varint,42,opt,name=block_memory_bytes,json=blockMemoryBytes,proto3" json:"block_memory_bytes,omitempty"`
+	// The whole-process limit (memfs server --memory-limit), 0 = none, and
+	// the block budget it leaves, which the node stamps when it leads.
+	ProcessMemoryLimit uint64 `protobuf:"varint,43,opt,name=process_memory_limit,json=processMemoryLimit,proto3" json:"process_memory_limit,omitempty"`
+	BlockBudget        uint64 `protobuf:"varint,44,opt,name=block_budget,json=blockBudget,proto3" json:"block_budget,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -4926,6 +4936,41 @@ func (x *NodeStatus) GetDiskBytesWritten() uint64 {
 func (x *NodeStatus) GetSyncBlocksFetchedTotal() uint64 {
 	if x != nil {
 		return x.SyncBlocksFetchedTotal
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetRssBytes() uint64 {
+	if x != nil {
+		return x.RssBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetAnonBytes() uint64 {
+	if x != nil {
+		return x.AnonBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetBlockMemoryBytes() uint64 {
+	if x != nil {
+		return x.BlockMemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetProcessMemoryLimit() uint64 {
+	if x != nil {
+		return x.ProcessMemoryLimit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetBlockBudget() uint64 {
+	if x != nil {
+		return x.BlockBudget
 	}
 	return 0
 }
@@ -6070,7 +6115,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xa2\b\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xe1\t\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -6103,7 +6148,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\n" +
 	"disk_bytes\x18\x1a \x01(\x04R\tdiskBytes\x12,\n" +
 	"\x12disk_bytes_written\x18\x1b \x01(\x04R\x10diskBytesWritten\x129\n" +
-	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\"?\n" +
+	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\x12\x1b\n" +
+	"\trss_bytes\x18( \x01(\x04R\brssBytes\x12\x1d\n" +
+	"\n" +
+	"anon_bytes\x18) \x01(\x04R\tanonBytes\x12,\n" +
+	"\x12block_memory_bytes\x18* \x01(\x04R\x10blockMemoryBytes\x120\n" +
+	"\x14process_memory_limit\x18+ \x01(\x04R\x12processMemoryLimit\x12!\n" +
+	"\fblock_budget\x18, \x01(\x04R\vblockBudget\"?\n" +
 	"\rStatusRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"\xc9\x03\n" +
