@@ -61,6 +61,10 @@ const (
 	MinProcessMemoryLimit = 256 << 20
 	// minHeapLimit is the least soft limit given to the Go runtime.
 	minHeapLimit = 64 << 20
+	// After idleAfter without a change in stored bytes, free heap pages
+	// past idleHeapWorthReleasing go back to the kernel (releaseWhenIdle).
+	idleAfter              = 2 * time.Second
+	idleHeapWorthReleasing = 16 << 20
 )
 
 // memGovernor keeps the whole process under Config.ProcessMemoryLimit. It
@@ -85,7 +89,13 @@ type memGovernor struct {
 
 	budget  atomic.Uint64
 	samples []sample // other-memory readings within the window
-	sample  []rtmetrics.Sample
+
+	// For releaseWhenIdle: the physical bytes last seen and since when,
+	// the last release, and the free heap the runtime keeps.
+	lastPhys              uint64
+	changedAt, releasedAt time.Time
+	idleHeap              uint64
+	sample                []rtmetrics.Sample
 }
 
 type sample struct {
@@ -146,6 +156,7 @@ func (g *memGovernor) need(m ProcessMemory) uint64 {
 	}
 	live, total, released, free, objects, unused := v(0), v(1), v(2), v(3), v(4), v(5)
 	mapped := total - min(total, released)
+	g.idleHeap = free + unused
 	runtimeOwn := mapped - min(mapped, free+objects+unused)
 	foreign := m.Anon - min(m.Anon, m.Blocks+mapped)
 	return 2*live + runtimeOwn + foreign
@@ -164,7 +175,9 @@ func (g *memGovernor) update(now time.Time) {
 		other = max(other, s.other)
 	}
 	// Dead blocks the collector has not reclaimed yet still hold pages.
-	pending := m.Blocks - min(m.Blocks, g.physical())
+	phys := g.physical()
+	pending := m.Blocks - min(m.Blocks, phys)
+	g.releaseWhenIdle(now, phys)
 	budget := uint64(1) // 0 on an entry would mean "keep the last budget"
 	if reserve := other + governorMargin + pending; g.limit > reserve+1 {
 		budget = g.limit - reserve
@@ -179,6 +192,23 @@ func (g *memGovernor) update(now time.Time) {
 		heap = g.limit - m.Blocks
 	}
 	debug.SetMemoryLimit(int64(min(heap, 1<<62)))
+}
+
+// releaseWhenIdle hands the heap's free pages back to the kernel once the
+// stored bytes have not changed for idleAfter: after a burst of writes the
+// runtime would otherwise keep the pages its transient copies used (it
+// returns them only slowly), and the node's steady memory would be its
+// peak. The heap holds no blocks, so the collection this forces is short.
+func (g *memGovernor) releaseWhenIdle(now time.Time, phys uint64) {
+	if phys != g.lastPhys {
+		g.lastPhys, g.changedAt = phys, now
+		return
+	}
+	if now.Sub(g.changedAt) < idleAfter || !g.releasedAt.Before(g.changedAt) || g.idleHeap < idleHeapWorthReleasing {
+		return
+	}
+	debug.FreeOSMemory()
+	g.releasedAt = now
 }
 
 // Budget is the block budget the governor last set.
