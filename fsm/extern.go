@@ -159,6 +159,12 @@ func (rs *restorer) fetchPending(ctx context.Context, src BlockSource) error {
 			return badSnap("block %s: source returned %d bytes (ok %v), want %d", p.hash.Short(), len(data), ok, p.size)
 		}
 		s.chunks.put(p.key, s.blocks.Adopt(p.hash, data))
+		// The store copied the bytes into block memory: dropping the
+		// source's copy now lets the collector take it back while the
+		// rest is adopted, instead of holding every fetched block twice
+		// until the restore ends. A later chunk naming the same block
+		// finds it stored.
+		delete(got, p.hash)
 	}
 	return nil
 }
