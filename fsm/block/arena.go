@@ -2,6 +2,7 @@ package block
 
 import (
 	"fmt"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,9 @@ func arenaFor(size int) *arena {
 // before the arena: the store still works and ArenaStats.HeapFallbacks
 // says so.
 func newSlot(slotSize int, data []byte) *slot {
+	if len(data) > slotSize { // a block from a store of larger chunks
+		slotSize = 1 << bits.Len(uint(len(data)-1))
+	}
 	if sl, err := arenaFor(slotSize).alloc(data); err == nil {
 		return sl
 	}

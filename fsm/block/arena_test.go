@@ -91,3 +91,15 @@ func TestShareOutlivesTheStoreItCameFrom(t *testing.T) {
 	}
 	require.Equal(t, data, b.Data())
 }
+
+func TestNewBlockIsStoredBySharing(t *testing.T) {
+	s, _ := NewStore(4096, 0)
+	for _, size := range []int{1, 4096, 3 * 4096} { // the last from a store of larger chunks
+		data := bytes.Repeat([]byte{byte(size)}, size)
+		b := NewBlock(4096, Sum(data), data)
+		require.Equal(t, data, b.Data())
+		got := s.Share(b)
+		require.Same(t, &b.Data()[0], &got.Data()[0], "not copied again")
+		require.Equal(t, uint64(1), uint64(s.Refs(got)))
+	}
+}

@@ -161,6 +161,16 @@ func (s *Store) Share(b *Block) *Block {
 	return nb
 }
 
+// NewBlock puts a copy of data in block memory as a block of no store yet,
+// for a caller that gathers blocks before a store takes them with Share (a
+// restore fetching blocks from peers), so that they are held once, off the
+// heap, rather than on the heap and then again in block memory. The caller
+// vouches that h == Sum(data).
+func NewBlock(chunkSize int, h Hash, data []byte) *Block {
+	mem := newSlot(chunkSize, data)
+	return &Block{hash: h, data: mem.data, mem: mem}
+}
+
 func (s *Store) newBlock(h Hash, mem *slot) *Block {
 	return &Block{hash: h, data: mem.data, mem: mem}
 }
