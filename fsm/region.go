@@ -104,8 +104,13 @@ func (t *tx) dropLeecher(id uint64) {
 // regionQuery answers a RegionQuery. Queued (with wait) means nothing
 // the asker named has changed yet.
 func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
-	n := s.inode(x.Ino)
-	if n == nil || n.nlink == 0 {
+	var n *inode
+	if x.Ino == 0 && x.Loc != nil {
+		var err error
+		if n, err = s.lookup(x.Loc); err != nil {
+			return nil, err
+		}
+	} else if n = s.inode(x.Ino); n == nil || n.nlink == 0 {
 		return nil, errf(syscall.ENOENT, "inode %d", x.Ino)
 	}
 	if !n.isReg() {
@@ -114,8 +119,8 @@ func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
 	if x.Count > maxRegionHashes {
 		return nil, errf(syscall.E2BIG, "%d hashes in one region query", x.Count)
 	}
-	st := &pb.RegionState{Size: n.size, ChunkSize: uint32(s.chunkSize)}
-	if c := s.exclHolder(x.Ino); c != nil {
+	st := &pb.RegionState{Size: n.size, ChunkSize: uint32(s.chunkSize), Ino: n.ino}
+	if c := s.exclHolder(n.ino); c != nil {
 		st.Holder, st.Epoch, st.Leecher, st.Ready = c.session, c.epoch, c.leecher, c.ready
 	}
 	res := &pb.Result{Region: st}
@@ -128,7 +133,7 @@ func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
 		end := min(chunks, x.First+uint64(x.Count))
 		if x.First < end {
 			st.Hashes = make([][]byte, end-x.First)
-			s.chunkRange(x.Ino, x.First, func(idx uint64, b *block.Block) bool {
+			s.chunkRange(n.ino, x.First, func(idx uint64, b *block.Block) bool {
 				if idx >= end {
 					return false
 				}
@@ -145,7 +150,7 @@ func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
 			break
 		}
 		var data, hash []byte
-		if b := s.chunk(x.Ino, idx); b != nil && idx*s.chunkSize < n.size {
+		if b := s.chunk(n.ino, idx); b != nil && idx*s.chunkSize < n.size {
 			data = b.Data()
 			h := b.Hash()
 			hash = h[:]

@@ -2327,6 +2327,7 @@ type RegionQuery struct {
 	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Leecher       uint64                 `protobuf:"varint,8,opt,name=leecher,proto3" json:"leecher,omitempty"`
 	Ready         bool                   `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
+	Loc           *Loc                   `protobuf:"bytes,10,opt,name=loc,proto3" json:"loc,omitempty"` // instead of ino: the file at loc (resolved without a recall too)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2424,6 +2425,13 @@ func (x *RegionQuery) GetReady() bool {
 	return false
 }
 
+func (x *RegionQuery) GetLoc() *Loc {
+	if x != nil {
+		return x.Loc
+	}
+	return nil
+}
+
 // RegionState answers a RegionQuery.
 type RegionState struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2436,6 +2444,7 @@ type RegionState struct {
 	Hashes        [][]byte               `protobuf:"bytes,7,rep,name=hashes,proto3" json:"hashes,omitempty"`   // chunks first..first+count-1; empty: a hole
 	Data          [][]byte               `protobuf:"bytes,8,rep,name=data,proto3" json:"data,omitempty"`       // the fetched chunks' bytes, in fetch order (short at end of file, empty for a hole)
 	Fetched       [][]byte               `protobuf:"bytes,9,rep,name=fetched,proto3" json:"fetched,omitempty"` // the fetched chunks' hashes, in fetch order
+	Ino           uint64                 `protobuf:"varint,10,opt,name=ino,proto3" json:"ino,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2531,6 +2540,13 @@ func (x *RegionState) GetFetched() [][]byte {
 		return x.Fetched
 	}
 	return nil
+}
+
+func (x *RegionState) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
 }
 
 // LockCmd takes, changes or releases a lock of the session on inode ino
@@ -6315,7 +6331,7 @@ const file_memfs_proto_rawDesc = "" +
 	"HandoffCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
-	"\x02to\x18\x03 \x01(\x04R\x02to\"\xd3\x01\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\"\xf4\x01\n" +
 	"\vRegionQuery\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
@@ -6325,7 +6341,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06holder\x18\x06 \x01(\x04R\x06holder\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
 	"\aleecher\x18\b \x01(\x04R\aleecher\x12\x14\n" +
-	"\x05ready\x18\t \x01(\bR\x05ready\"\xe4\x01\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\x12\x1f\n" +
+	"\x03loc\x18\n" +
+	" \x01(\v2\r.memfs.v1.LocR\x03loc\"\xf6\x01\n" +
 	"\vRegionState\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x04R\x04size\x12\x1d\n" +
 	"\n" +
@@ -6336,7 +6354,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06hashes\x18\a \x03(\fR\x06hashes\x12\x12\n" +
 	"\x04data\x18\b \x03(\fR\x04data\x12\x18\n" +
-	"\afetched\x18\t \x03(\fR\afetched\"\xd5\x01\n" +
+	"\afetched\x18\t \x03(\fR\afetched\x12\x10\n" +
+	"\x03ino\x18\n" +
+	" \x01(\x04R\x03ino\"\xd5\x01\n" +
 	"\aLockCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\x04R\x05owner\x12&\n" +
@@ -6765,102 +6785,103 @@ var file_memfs_proto_depIdxs = []int32{
 	26,  // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
 	26,  // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
 	40,  // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
-	1,   // 19: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
-	1,   // 20: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
-	2,   // 21: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
-	2,   // 22: memfs.v1.Token.role:type_name -> memfs.v1.Role
-	8,   // 23: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	9,   // 24: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	10,  // 25: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	11,  // 26: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	12,  // 27: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	13,  // 28: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	14,  // 29: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	16,  // 30: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	17,  // 31: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	18,  // 32: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	19,  // 33: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	20,  // 34: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	25,  // 35: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	27,  // 36: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	15,  // 37: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	28,  // 38: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	29,  // 39: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	30,  // 40: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	35,  // 41: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
-	21,  // 42: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	22,  // 43: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	23,  // 44: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	24,  // 45: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	37,  // 46: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
-	38,  // 47: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
-	31,  // 48: memfs.v1.Command.leech:type_name -> memfs.v1.LeechCmd
-	32,  // 49: memfs.v1.Command.handoff:type_name -> memfs.v1.HandoffCmd
-	40,  // 50: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	4,   // 51: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	6,   // 52: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	7,   // 53: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	54,  // 54: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	42,  // 55: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	36,  // 56: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
-	39,  // 57: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
-	34,  // 58: memfs.v1.Result.region:type_name -> memfs.v1.RegionState
-	5,   // 59: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 60: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 61: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 62: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 63: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 64: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 65: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	1,   // 66: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
-	43,  // 67: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	44,  // 68: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	45,  // 69: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	46,  // 70: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	47,  // 71: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	48,  // 72: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	49,  // 73: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	50,  // 74: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	51,  // 75: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	52,  // 76: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
-	53,  // 77: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
-	33,  // 78: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
-	40,  // 79: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	42,  // 80: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	55,  // 81: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	3,   // 82: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	42,  // 83: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	40,  // 84: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	42,  // 85: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	62,  // 86: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	62,  // 87: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	6,   // 88: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	75,  // 89: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	56,  // 90: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	58,  // 91: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	60,  // 92: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	58,  // 93: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	63,  // 94: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	65,  // 95: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	67,  // 96: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	69,  // 97: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	71,  // 98: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	73,  // 99: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	57,  // 100: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	59,  // 101: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	57,  // 102: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	61,  // 103: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	64,  // 104: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	66,  // 105: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	68,  // 106: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	70,  // 107: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	72,  // 108: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	74,  // 109: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	100, // [100:110] is the sub-list for method output_type
-	90,  // [90:100] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	5,   // 19: memfs.v1.RegionQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 20: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
+	1,   // 21: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
+	2,   // 22: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
+	2,   // 23: memfs.v1.Token.role:type_name -> memfs.v1.Role
+	8,   // 24: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	9,   // 25: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	10,  // 26: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	11,  // 27: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	12,  // 28: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	13,  // 29: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	14,  // 30: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	16,  // 31: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	17,  // 32: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	18,  // 33: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	19,  // 34: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	20,  // 35: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	25,  // 36: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	27,  // 37: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	15,  // 38: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	28,  // 39: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	29,  // 40: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	30,  // 41: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	35,  // 42: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
+	21,  // 43: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	22,  // 44: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	23,  // 45: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	24,  // 46: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	37,  // 47: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
+	38,  // 48: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
+	31,  // 49: memfs.v1.Command.leech:type_name -> memfs.v1.LeechCmd
+	32,  // 50: memfs.v1.Command.handoff:type_name -> memfs.v1.HandoffCmd
+	40,  // 51: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	4,   // 52: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	6,   // 53: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	7,   // 54: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	54,  // 55: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	42,  // 56: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	36,  // 57: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
+	39,  // 58: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
+	34,  // 59: memfs.v1.Result.region:type_name -> memfs.v1.RegionState
+	5,   // 60: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 61: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 62: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 63: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 64: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 65: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 66: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 67: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
+	43,  // 68: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	44,  // 69: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	45,  // 70: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	46,  // 71: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	47,  // 72: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	48,  // 73: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	49,  // 74: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	50,  // 75: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	51,  // 76: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	52,  // 77: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	53,  // 78: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	33,  // 79: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
+	40,  // 80: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	42,  // 81: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	55,  // 82: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	3,   // 83: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	42,  // 84: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	40,  // 85: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	42,  // 86: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	62,  // 87: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	62,  // 88: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,   // 89: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	75,  // 90: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	56,  // 91: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	58,  // 92: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	60,  // 93: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	58,  // 94: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	63,  // 95: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	65,  // 96: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	67,  // 97: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	69,  // 98: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	71,  // 99: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	73,  // 100: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	57,  // 101: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	59,  // 102: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	57,  // 103: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	61,  // 104: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	64,  // 105: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	66,  // 106: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	68,  // 107: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	70,  // 108: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	72,  // 109: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	74,  // 110: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	101, // [101:111] is the sub-list for method output_type
+	91,  // [91:101] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
