@@ -36,7 +36,7 @@ func TestHandoffMovesCapability(t *testing.T) {
 	require.Equal(t, h.holder, l.Session)
 	require.Empty(t, h.recalls(), "leeching recalls nothing")
 	st := regionOf(t, h, ft.Region(f, 0, 10, 1, 2, 7))
-	require.Equal(t, &pb.RegionState{Size: 2*cs + 10, ChunkSize: cs, Holder: h.holder, Epoch: g.Epoch, Leecher: h.other,
+	require.Equal(t, &pb.RegionState{Ino: f, Size: 2*cs + 10, ChunkSize: cs, Holder: h.holder, Epoch: g.Epoch, Leecher: h.other,
 		Hashes: st.Hashes, Data: st.Data, Fetched: st.Fetched}, st)
 	require.Len(t, st.Hashes, 3)
 	sum := block.Sum(bytes.Repeat([]byte("a"), cs))
