@@ -304,8 +304,13 @@ func (r *Region) Close() error {
 	open := r.state == stateOpen
 	r.mu.Unlock()
 	if open && r.writable {
+		// Commit what is dirty, without taking the capability back for it.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = r.Sync(ctx)
+		r.scanView()
+		r.mu.Lock()
+		target := r.wgen
+		r.mu.Unlock()
+		err = r.waitPushed(ctx, target)
 		cancel()
 	}
 	r.shutdown(stateClosed)

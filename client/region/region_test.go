@@ -305,9 +305,11 @@ func TestHandoffHolderDies(t *testing.T) {
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/d", pattern(8<<16, 9), 0o644))
 	k := &killable{}
-	ac := connect(t, cl, client.WithCaps(), client.WithLease(2*time.Second), client.WithDialer(k.dial))
-	a := open(t, ac, "/d", region.Options{})
-	_, err := a.WriteAt([]byte("synced!!"), 0)
+	// The dead host's calls give up soon: its Close comes after its death.
+	ac := connect(t, cl, client.WithCaps(), client.WithLease(2*time.Second), client.WithDialer(k.dial), client.WithRetryTimeout(time.Second))
+	a, err := region.Open(t.Context(), ac, "/d", region.Options{})
+	require.NoError(t, err)
+	_, err = a.WriteAt([]byte("synced!!"), 0)
 	require.NoError(t, err)
 	require.NoError(t, a.Sync(t.Context()))
 
@@ -327,6 +329,7 @@ func TestHandoffHolderDies(t *testing.T) {
 	_, err = b.WriteAt([]byte("B"), 1<<16)
 	require.NoError(t, err)
 	require.NoError(t, b.Sync(t.Context()))
+	require.NoError(t, a.Close(), "nothing was left to commit")
 }
 
 // TestHandoffLeecherDies: the leecher's session ends before the
