@@ -165,13 +165,24 @@ func (r *Region) load(ctx context.Context) error {
 // by the client (recalls before it were not seen): then again.
 func (r *Region) grant(ctx context.Context) error {
 	caps := r.c.Caps()
+	backoff := time.Millisecond
 	for try := 0; ; try++ {
 		got, err := caps.GrantExclusive(ctx, r.ino)
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.path, err)
 		}
 		if !slices.Contains(got, r.ino) {
-			return fmt.Errorf("region %s: capability refused: %w", r.path, syscall.EBUSY)
+			// Refused while a recall of the file is in flight (this
+			// session's own, whose release has not landed yet, or
+			// another's): it passes within a lease.
+			select {
+			case <-time.After(backoff):
+				backoff = min(2*backoff, 50*time.Millisecond)
+				try--
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("region %s: capability refused: %w (%w)", r.path, syscall.EBUSY, ctx.Err())
+			}
 		}
 		if !caps.WaitTrusted(ctx, time.Minute) {
 			return fmt.Errorf("region %s: capability not trusted: %w", r.path, syscall.ETIMEDOUT)
@@ -612,7 +623,9 @@ func (r *Region) onRelease(inos []uint64) {
 		return
 	}
 	r.mu.Lock()
-	live := r.state == stateOpen && r.writable
+	// Frozen by a Finalize too: its writes were answered and must be
+	// committed before the capability goes.
+	live := (r.state == stateOpen || r.state == stateFrozen) && r.writable
 	target := r.wgen
 	r.mu.Unlock()
 	if !live {

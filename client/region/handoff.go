@@ -15,9 +15,20 @@ import (
 // pollWait bounds one long poll of the region state.
 const pollWait = 5 * time.Second
 
+// holderGoneAfter is how long a leecher sees no holder before it takes
+// the capability itself: a holder whose capability another session's
+// read or write recalled takes it back at its next write, within
+// milliseconds; a dead holder's stays gone.
+const holderGoneAfter = 500 * time.Millisecond
+
 // poll long-polls the region state until it differs from last.
 func (r *Region) poll(ctx context.Context, last *pb.RegionState) (*pb.RegionState, error) {
-	pctx, cancel := context.WithTimeout(ctx, pollWait)
+	return r.pollFor(ctx, last, pollWait)
+}
+
+// pollFor is poll for at most wait.
+func (r *Region) pollFor(ctx context.Context, last *pb.RegionState, wait time.Duration) (*pb.RegionState, error) {
+	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	st, err := r.query(pctx, &pb.RegionQuery{Wait: true, Holder: last.GetHolder(), Epoch: last.GetEpoch(),
 		Leecher: last.GetLeecher(), Ready: last.GetReady()})
@@ -173,7 +184,7 @@ func Leech(ctx context.Context, c *client.Client, path string, opts Options) (*L
 	r := newRegion(c, path, ino, opts)
 	// Recalls of the capability to come are remembered from now on.
 	l := &Leecher{r: r, expect: caps.Expect()}
-	if _, err := c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: ino}}}); err != nil {
+	if err := l.register(ctx); err != nil {
 		l.expect()
 		return nil, fmt.Errorf("region %s: leech: %w", path, err)
 	}
@@ -187,13 +198,34 @@ func Leech(ctx context.Context, c *client.Client, path string, opts Options) (*L
 	return l, nil
 }
 
+// register makes the session the holder's leecher (ready as l.ready).
+// A holder whose capability a read or write of another session recalled
+// has none for a moment, and takes it back at its next write: ENOENT is
+// final only after holderGoneAfter.
+func (l *Leecher) register(ctx context.Context) error {
+	deadline := time.Now().Add(holderGoneAfter)
+	backoff := time.Millisecond
+	for {
+		_, err := l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Ready: l.ready}}})
+		if client.Errno(err) != syscall.ENOENT || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 20*time.Millisecond)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Progress reports the pull.
 func (l *Leecher) Progress() Progress { return l.r.Progress() }
 
 // Ready tells the holder the leecher has pulled enough (WaitLeecher).
 func (l *Leecher) Ready(ctx context.Context) error {
-	_, err := l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Ready: true}}})
-	return err
+	l.ready = true
+	return l.register(ctx)
 }
 
 // Cancel withdraws the registration and drops what was pulled.
@@ -217,16 +249,37 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	r := l.r
 	caps := r.c.Caps()
 	var last *pb.RegionState
+	var noHolder time.Time // since when no session holds the file
 	for {
-		st, err := r.poll(ctx, last)
+		wait := pollWait
+		if !noHolder.IsZero() {
+			wait = max(time.Until(noHolder.Add(holderGoneAfter)), time.Millisecond)
+		}
+		st, err := r.pollFor(ctx, last, wait)
 		if err != nil {
 			return nil, err
 		}
+		if st == nil {
+			continue // the first poll ran out
+		}
 		last = st
+		if st.Holder != 0 {
+			noHolder = time.Time{}
+		} else if noHolder.IsZero() {
+			noHolder = time.Now()
+		}
 		switch {
 		case st.Holder == l.session && caps.AdoptHandoff(l.session, r.ino, st.Epoch):
 		case st.Holder == l.session:
-			return nil, fmt.Errorf("region %s: the capability handed over was recalled at once: %w", r.path, syscall.EAGAIN)
+			// Handed over, and recalled by another session's read or
+			// write before it was adopted (the client gave it back):
+			// the handoff is done, and the capability is taken again
+			// like after any recall.
+			if err := r.grant(ctx); err != nil {
+				return nil, err
+			}
+		case st.Holder == 0 && time.Since(noHolder) < holderGoneAfter:
+			continue // recalled, maybe: the holder may take it back
 		case st.Holder == 0:
 			// The holder is gone: what it committed is the region.
 			if err := r.grant(ctx); err != nil {
@@ -235,7 +288,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 		case st.Leecher != l.session:
 			// Withdrawn (the holder's capability was granted again
 			// after a loss): register again.
-			if _, err := r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: r.ino, Ready: l.ready}}}); err != nil && client.Errno(err) != syscall.ENOENT {
+			if err := l.register(ctx); err != nil && client.Errno(err) != syscall.ENOENT {
 				return nil, err
 			}
 			continue

@@ -150,11 +150,10 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 			continue
 		}
 		c.known, c.hasKnown = it.hash, true
-		if c.dirtyFrom != 0 {
-			if c.epoch = r.epoch; r.lost {
-				c.epoch = 0 // written again since the copy
-			}
-		} else if c.present {
+		// Written again since the copy: dirty() gave the chunk the
+		// capability of that write, which may still be the one whose
+		// release waits for this chunk; it stays.
+		if c.dirtyFrom == 0 && c.present {
 			r.byHash[c.known] = it.idx
 		}
 		if r.opts.Cache != nil && it.hash != (Hash{}) {
