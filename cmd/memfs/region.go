@@ -186,7 +186,9 @@ file is checked the same way through a read-only region of a third session.
 Reported per round: the pause (the application's last accepted write on the old
 holder to its first on the new one), the finalize, the bytes pushed in it, the
 bytes written since the leecher registered, and the bytes the new holder
-fetched again after taking over. The file --path is removed unless --keep.`,
+fetched again after taking over. A --path the demo made is removed at the
+end unless --keep; an existing file is used as it is (extended to --size) and
+kept, its first chunks overwritten with counters.`,
 	Args: cobra.NoArgs,
 	RunE: clientRun(runRegionHandoff),
 }
@@ -288,7 +290,12 @@ func (a *app) check(r io.ReaderAt) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var b [8]byte
+	n := 0
 	for i, want := range a.last {
+		if want == 0 {
+			continue // never written: the file's own content
+		}
+		n++
 		if _, err := r.ReadAt(b[:], a.offset(i)); err != nil {
 			return 0, err
 		}
@@ -301,12 +308,13 @@ func (a *app) check(r io.ReaderAt) (int, error) {
 				i%a.chunks, i/a.chunks, got, want)
 		}
 	}
-	return len(a.last), nil
+	return n, nil
 }
 
 type handoffRound struct {
 	pause, took, leech                    time.Duration
 	pushed, dirty, refetched, leechPulled int64
+	stale                                 int64 // not local when the take returned
 }
 
 func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
@@ -321,12 +329,14 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		defer h.Close()
 		hosts[k] = h.WithContext(ctx)
 	}
+	_, statErr := c.Stat(path)
+	existed := statErr == nil
 	holder, err := region.Open(ctx, hosts[0], path, region.Options{Create: true, Size: size})
 	if err != nil {
 		return err
 	}
 	defer holder.Close()
-	if !regionHandoff.keep {
+	if !regionHandoff.keep && !existed {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			defer cancel()
@@ -371,11 +381,26 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 			return err
 		}
 		type taken struct {
-			r   *region.Region
-			err error
+			r      *region.Region
+			err    error
+			atTake region.Progress
 		}
+		// The new holder resumes the application as soon as it has the
+		// region, as another host would: not after the old holder's
+		// Finalize returned (which then still frees its memory).
 		tc := make(chan taken, 1)
-		go func() { r, err := l.Take(ctx); tc <- taken{r, err} }()
+		go func() {
+			r, err := l.Take(ctx)
+			tk := taken{r: r, err: err}
+			if err == nil {
+				tk.atTake = r.Progress()
+				select {
+				case a.next <- r:
+				case <-appDone:
+				}
+			}
+			tc <- tk
+		}()
 		hs, err := holder.Finalize(ctx)
 		if err != nil {
 			l.Cancel()
@@ -385,12 +410,8 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		if tk.err != nil {
 			return fmt.Errorf("round %d: take: %w", rd+1, tk.err)
 		}
-		pulledAtTake := tk.r.Progress().Pulled
-		select {
-		case a.next <- tk.r:
-		case <-appDone:
-			return fmt.Errorf("round %d: the application stopped: %w", rd+1, a.err)
-		}
+		pulledAtTake := tk.atTake.Pulled
+		hr.stale = tk.atTake.Size - tk.atTake.Local
 		select {
 		case hr.pause = <-a.resumed:
 		case <-appDone:
@@ -411,9 +432,9 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		hr.refetched = holder.Progress().Pulled - pulledAtTake
 		rounds = append(rounds, hr)
 		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize, %s written since the leecher came, "+
-			"%s fetched again after the take; leech pulled %s in %v; %d counters checked\n",
+			"%s stale at the take, %s fetched after it; leech pulled %s in %v; %d counters checked\n",
 			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.dirty),
-			formatBytes(hr.refetched), formatBytes(hr.leechPulled), round(hr.leech), n)
+			formatBytes(hr.stale), formatBytes(hr.refetched), formatBytes(hr.leechPulled), round(hr.leech), n)
 	}
 	stopApp()
 	<-appDone
