@@ -624,3 +624,20 @@ func (cp *Caps) releaser(ctx context.Context) {
 		cancel()
 	}
 }
+
+// AdoptHandoff records the exclusive capability on ino that another
+// session handed to session at epoch (HandoffCmd), inside an Expect
+// bracket opened before the handoff could have been applied, and reports
+// whether it is held now. It is not when session is no longer the
+// client's, or the capability was recalled or may have been meanwhile.
+func (cp *Caps) AdoptHandoff(session, ino, epoch uint64) bool {
+	if session == 0 || session != cp.c.Session() {
+		return false
+	}
+	cp.newSession(session)
+	cp.adopt(ino, epoch, true)
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	e, ok := cp.held[ino]
+	return ok && e == epoch && cp.excl[ino] == epoch
+}

@@ -185,6 +185,10 @@ func (t *tx) exec(c *pb.Command, sess *session) (*pb.Result, error) {
 		return t.touchCmd(orEmpty(op.Touch))
 	case *pb.Command_Lock:
 		return t.lockCmd(orEmpty(op.Lock), sess)
+	case *pb.Command_Leech:
+		return t.leech(orEmpty(op.Leech), sess)
+	case *pb.Command_Handoff:
+		return t.handoff(orEmpty(op.Handoff), sess)
 	case *pb.Command_KeepAlive:
 		if sess == nil {
 			return nil, errf(syscall.ESTALE, "keep_alive without a session")
@@ -377,5 +381,6 @@ func (t *tx) endSession(id uint64) {
 		t.closeHandle(h)
 	}
 	t.dropCaps(id, 0)
+	t.dropLeecher(id)
 	t.dropLocks(id)
 }

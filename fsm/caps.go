@@ -38,6 +38,10 @@ type capab struct {
 	revokeAt int64
 	// excl: no other session holds one on the inode while this lasts.
 	excl bool
+	// leecher: the session registered to take an exclusive capability
+	// over (LeechCmd), 0 for none; ready: it says it has pulled enough.
+	leecher uint64
+	ready   bool
 }
 
 // maxGrant bounds the capabilities one GrantCmd may ask for, entries of
@@ -214,6 +218,7 @@ func (t *tx) grantCaps(x *pb.GrantCmd, sess *session) (*pb.Result, error) {
 		if old, ok := t.caps.get(pairKey(ino, sess.id)); ok {
 			c.since = old.since
 			c.excl = c.excl || old.excl
+			c.leecher, c.ready = old.leecher, old.ready
 		}
 		t.putCap(c)
 		res.Granted = append(res.Granted, ino)

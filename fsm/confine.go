@@ -226,6 +226,10 @@ var inodeFields = map[protoreflect.FullName]bool{
 	"memfs.v1.Result.first_ino":  true,
 	"memfs.v1.WatchEvent.inodes": true,
 	"memfs.v1.Recall.ino":        true,
+	"memfs.v1.LeechCmd.ino":      true,
+	"memfs.v1.HandoffCmd.ino":    true,
+	"memfs.v1.RegionQuery.ino":   true,
+	"memfs.v1.RegionState.ino":   true,
 }
 
 // SwapInodes exchanges inode numbers 1 and root wherever m (a command,
@@ -277,11 +281,14 @@ func swapIn(m protoreflect.Message, root uint64) {
 // inode for the request to act on (not a number to create, nor a
 // capability of the client's own to give back): what Outside checks.
 var namedFields = map[protoreflect.FullName]bool{
-	"memfs.v1.Loc.parent":    true,
-	"memfs.v1.Loc.ino":       true,
-	"memfs.v1.GrantCmd.inos": true,
-	"memfs.v1.LockCmd.ino":   true,
-	"memfs.v1.LockQuery.ino": true,
+	"memfs.v1.Loc.parent":      true,
+	"memfs.v1.Loc.ino":         true,
+	"memfs.v1.GrantCmd.inos":   true,
+	"memfs.v1.LockCmd.ino":     true,
+	"memfs.v1.LockQuery.ino":   true,
+	"memfs.v1.LeechCmd.ino":    true,
+	"memfs.v1.HandoffCmd.ino":  true,
+	"memfs.v1.RegionQuery.ino": true,
 }
 
 // Outside returns an error naming the first inode that request m (a

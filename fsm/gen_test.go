@@ -72,7 +72,7 @@ func (g *logGen) handle() uint64 {
 // counting, which is how the state machine hands them out).
 func (g *logGen) command() *pb.Command {
 	var c *pb.Command
-	switch g.rng.IntN(31) {
+	switch g.rng.IntN(33) {
 	case 0:
 		c = ft.Mkdir(g.path(), uint32(g.rng.IntN(0o1000)))
 	case 1, 2:
@@ -143,6 +143,17 @@ func (g *logGen) command() *pb.Command {
 		c = ft.Touch(g.ino(), g.ino())
 	case 28, 29:
 		c = g.lock()
+	case 30:
+		c = ft.Leech(g.ino(), g.rng.IntN(2) == 0, g.rng.IntN(5) == 0)
+	case 31:
+		epoch, to := uint64(g.rng.IntN(5)), uint64(g.rng.IntN(4))
+		if len(g.grants) > 0 && g.rng.IntN(4) != 0 {
+			epoch = g.grants[g.rng.IntN(len(g.grants))]
+		}
+		if len(g.sessions) > 0 && g.rng.IntN(4) != 0 {
+			to = g.sessions[g.rng.IntN(len(g.sessions))]
+		}
+		c = ft.Handoff(g.ino(), epoch, to)
 	default:
 		c = ft.Tick()
 	}

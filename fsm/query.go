@@ -59,6 +59,8 @@ func (s *state) answer(q *pb.Query) (*pb.Result, error) {
 		return s.lockQuery(orEmpty(x.Lock))
 	case *pb.Query_Tokens:
 		return s.listTokens(), nil
+	case *pb.Query_Region:
+		return s.regionQuery(orEmpty(x.Region))
 	}
 	return nil, errf(syscall.EINVAL, "query without a known question")
 }

@@ -349,6 +349,18 @@ func (rs *restorer) lock(d *dec) error {
 func (rs *restorer) capab(d *dec) error {
 	c := &capab{ino: d.u(), session: d.u(), epoch: d.u(), revokeAt: d.i()}
 	flags := d.u()
+	if flags&capLeech != 0 {
+		c.leecher = d.u()
+		switch ready := d.u(); ready {
+		case 0, 1:
+			c.ready = ready == 1
+		default:
+			return badSnap("capability of session %d on %d: readiness %d", c.session, c.ino, ready)
+		}
+		if c.leecher == 0 || flags&capExcl == 0 {
+			return badSnap("capability of session %d on %d: leecher %d, flags %#x", c.session, c.ino, c.leecher, flags)
+		}
+	}
 	c.since = c.epoch // absent: the tenure began with this grant
 	if d.err == nil && len(d.b) > 0 {
 		c.since = d.u()
@@ -360,7 +372,7 @@ func (rs *restorer) capab(d *dec) error {
 	if err := d.done(); err != nil {
 		return err
 	}
-	if flags&^capExcl != 0 {
+	if flags&^(capExcl|capLeech) != 0 {
 		return badSnap("capability of session %d on %d: flags %#x", c.session, c.ino, flags)
 	}
 	c.excl = flags&capExcl != 0

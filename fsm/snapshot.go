@@ -23,7 +23,8 @@ import (
 //	      it has one
 //	  'S' session (its inode reservations, when it has any or an owner,
 //	      then its owner, when it has one, at the end),
-//	  'F' handle, 'L' exclusive-open state, 'C' capability (its tenure
+//	  'F' handle, 'L' exclusive-open state, 'C' capability (with flag
+//	      capLeech its leecher and readiness after the flags; its tenure
 //	      at the end, absent when it equals the epoch),
 //	  'P' the file locks of one inode: the locks held, then the waiters
 //	  'U' recorded result
@@ -62,7 +63,8 @@ const (
 
 	maxRecord = 4 << 20 // any record but a block's
 
-	capExcl = 1 // flag of a 'C' record: the capability is exclusive
+	capExcl  = 1 // flag of a 'C' record: the capability is exclusive
+	capLeech = 2 // flag of a 'C' record: a leecher (and its readiness) follows the flags
 
 	// Flags of a lock in a 'P' record.
 	lockWrite = 1
@@ -166,7 +168,17 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		if c.excl {
 			flags = capExcl
 		}
+		if c.leecher != 0 {
+			flags |= capLeech
+		}
 		e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags)
+		if c.leecher != 0 {
+			ready := uint64(0)
+			if c.ready {
+				ready = 1
+			}
+			e.u(c.leecher).u(ready)
+		}
 		if c.since != c.epoch {
 			// Absent when the tenure began with this grant, so a state
 			// without re-grants writes what earlier versions wrote.

@@ -298,6 +298,8 @@ func verifyCaps(s *state) error {
 			err = badSnap("capability of session %d on %d: epoch %d at index %d", c.session, c.ino, c.epoch, s.index)
 		case c.since == 0 || c.since > c.epoch:
 			err = badSnap("capability of session %d on %d: tenure from %d, epoch %d", c.session, c.ino, c.since, c.epoch)
+		case c.leecher != 0 && (c.leecher == c.session || s.session(c.leecher) == nil):
+			err = badSnap("capability of session %d on %d: leecher %d is not another live session", c.session, c.ino, c.leecher)
 		}
 		s.ncaps++
 		if c.excl {

@@ -2173,6 +2173,382 @@ func (x *TouchCmd) GetInos() []uint64 {
 	return nil
 }
 
+// LeechCmd registers the command's session as the leecher of the
+// exclusive capability another session holds on ino (docs/regions.md):
+// the session that will take it over with a HandoffCmd of the holder.
+// ready tells the holder the leecher has pulled what it wanted; cancel
+// withdraws the registration. It changes no inode and recalls nothing.
+// ENOENT when no other session holds an exclusive capability on ino,
+// EBUSY when another live session is registered already.
+type LeechCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Ready         bool                   `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
+	Cancel        bool                   `protobuf:"varint,3,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeechCmd) Reset() {
+	*x = LeechCmd{}
+	mi := &file_memfs_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeechCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeechCmd) ProtoMessage() {}
+
+func (x *LeechCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeechCmd.ProtoReflect.Descriptor instead.
+func (*LeechCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *LeechCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *LeechCmd) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *LeechCmd) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+// HandoffCmd moves the command's session's exclusive capability on ino,
+// held at epoch (its current epoch or one of its tenure, as a batch fence),
+// to session to, which must be the registered leecher: in one step, the
+// holder loses it and the leecher holds it exclusively with a new tenure
+// at this entry's index (Result.epoch). EKEYREVOKED when the capability is
+// not held so; ENOENT when to is not the leecher (it went with its
+// session, or withdrew).
+type HandoffCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffCmd) Reset() {
+	*x = HandoffCmd{}
+	mi := &file_memfs_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffCmd) ProtoMessage() {}
+
+func (x *HandoffCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffCmd.ProtoReflect.Descriptor instead.
+func (*HandoffCmd) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HandoffCmd) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *HandoffCmd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HandoffCmd) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+// RegionQuery reads what a managed region needs of a regular file
+// without recalling anyone's capability (it never touches): the exclusive
+// holder and its leecher, the chunk hashes of [first, first+count) (at
+// most 16,384), and the data of the chunks fetch names (at most 1 MiB of
+// data in all: the answer stops early, and the caller asks again for the
+// rest). It reads committed state: an exclusive holder may be ahead of it.
+// With wait the node answers only once holder, epoch, leecher or ready
+// differ from the values given, or the call's deadline passes (queued is
+// then set).
+type RegionQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	First         uint64                 `protobuf:"varint,2,opt,name=first,proto3" json:"first,omitempty"`
+	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Fetch         []uint64               `protobuf:"varint,4,rep,packed,name=fetch,proto3" json:"fetch,omitempty"`
+	Wait          bool                   `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
+	Holder        uint64                 `protobuf:"varint,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Leecher       uint64                 `protobuf:"varint,8,opt,name=leecher,proto3" json:"leecher,omitempty"`
+	Ready         bool                   `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
+	Loc           *Loc                   `protobuf:"bytes,10,opt,name=loc,proto3" json:"loc,omitempty"` // instead of ino: the file at loc (resolved without a recall too)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionQuery) Reset() {
+	*x = RegionQuery{}
+	mi := &file_memfs_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionQuery) ProtoMessage() {}
+
+func (x *RegionQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionQuery.ProtoReflect.Descriptor instead.
+func (*RegionQuery) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RegionQuery) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetFirst() uint64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetFetch() []uint64 {
+	if x != nil {
+		return x.Fetch
+	}
+	return nil
+}
+
+func (x *RegionQuery) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+func (x *RegionQuery) GetHolder() uint64 {
+	if x != nil {
+		return x.Holder
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetLeecher() uint64 {
+	if x != nil {
+		return x.Leecher
+	}
+	return 0
+}
+
+func (x *RegionQuery) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *RegionQuery) GetLoc() *Loc {
+	if x != nil {
+		return x.Loc
+	}
+	return nil
+}
+
+// RegionState answers a RegionQuery.
+type RegionState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	ChunkSize     uint32                 `protobuf:"varint,2,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	Holder        uint64                 `protobuf:"varint,3,opt,name=holder,proto3" json:"holder,omitempty"`   // the session holding an exclusive capability (0: none)
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`     // its epoch
+	Leecher       uint64                 `protobuf:"varint,5,opt,name=leecher,proto3" json:"leecher,omitempty"` // the session registered to take it over (0: none)
+	Ready         bool                   `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	Hashes        [][]byte               `protobuf:"bytes,7,rep,name=hashes,proto3" json:"hashes,omitempty"`   // chunks first..first+count-1; empty: a hole
+	Data          [][]byte               `protobuf:"bytes,8,rep,name=data,proto3" json:"data,omitempty"`       // the fetched chunks' bytes, in fetch order (short at end of file, empty for a hole)
+	Fetched       [][]byte               `protobuf:"bytes,9,rep,name=fetched,proto3" json:"fetched,omitempty"` // the fetched chunks' hashes, in fetch order
+	Ino           uint64                 `protobuf:"varint,10,opt,name=ino,proto3" json:"ino,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionState) Reset() {
+	*x = RegionState{}
+	mi := &file_memfs_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionState) ProtoMessage() {}
+
+func (x *RegionState) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionState.ProtoReflect.Descriptor instead.
+func (*RegionState) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RegionState) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *RegionState) GetChunkSize() uint32 {
+	if x != nil {
+		return x.ChunkSize
+	}
+	return 0
+}
+
+func (x *RegionState) GetHolder() uint64 {
+	if x != nil {
+		return x.Holder
+	}
+	return 0
+}
+
+func (x *RegionState) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RegionState) GetLeecher() uint64 {
+	if x != nil {
+		return x.Leecher
+	}
+	return 0
+}
+
+func (x *RegionState) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *RegionState) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *RegionState) GetData() [][]byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RegionState) GetFetched() [][]byte {
+	if x != nil {
+		return x.Fetched
+	}
+	return nil
+}
+
+func (x *RegionState) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
 // LockCmd takes, changes or releases a lock of the session on inode ino
 // (docs/protocol.md, "Locks"): a POSIX record lock of lock owner owner on
 // the bytes [start, end] (end inclusive; 2^64-1 reaches past any end of
@@ -2202,7 +2578,7 @@ type LockCmd struct {
 
 func (x *LockCmd) Reset() {
 	*x = LockCmd{}
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2590,7 @@ func (x *LockCmd) String() string {
 func (*LockCmd) ProtoMessage() {}
 
 func (x *LockCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[27]
+	mi := &file_memfs_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2603,7 @@ func (x *LockCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockCmd.ProtoReflect.Descriptor instead.
 func (*LockCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{27}
+	return file_memfs_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LockCmd) GetIno() uint64 {
@@ -2308,7 +2684,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2696,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[28]
+	mi := &file_memfs_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2709,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{28}
+	return file_memfs_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Lock) GetType() LockType {
@@ -2398,7 +2774,7 @@ type TokenCreateCmd struct {
 
 func (x *TokenCreateCmd) Reset() {
 	*x = TokenCreateCmd{}
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2786,7 @@ func (x *TokenCreateCmd) String() string {
 func (*TokenCreateCmd) ProtoMessage() {}
 
 func (x *TokenCreateCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[29]
+	mi := &file_memfs_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2799,7 @@ func (x *TokenCreateCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenCreateCmd.ProtoReflect.Descriptor instead.
 func (*TokenCreateCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{29}
+	return file_memfs_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TokenCreateCmd) GetHash() []byte {
@@ -2472,7 +2848,7 @@ type TokenRevokeCmd struct {
 
 func (x *TokenRevokeCmd) Reset() {
 	*x = TokenRevokeCmd{}
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2860,7 @@ func (x *TokenRevokeCmd) String() string {
 func (*TokenRevokeCmd) ProtoMessage() {}
 
 func (x *TokenRevokeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[30]
+	mi := &file_memfs_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2873,7 @@ func (x *TokenRevokeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRevokeCmd.ProtoReflect.Descriptor instead.
 func (*TokenRevokeCmd) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{30}
+	return file_memfs_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TokenRevokeCmd) GetId() string {
@@ -2522,7 +2898,7 @@ type Token struct {
 
 func (x *Token) Reset() {
 	*x = Token{}
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2910,7 @@ func (x *Token) String() string {
 func (*Token) ProtoMessage() {}
 
 func (x *Token) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[31]
+	mi := &file_memfs_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2923,7 @@ func (x *Token) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Token.ProtoReflect.Descriptor instead.
 func (*Token) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{31}
+	return file_memfs_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Token) GetId() string {
@@ -2647,6 +3023,8 @@ type Command struct {
 	//	*Command_Tick
 	//	*Command_TokenCreate
 	//	*Command_TokenRevoke
+	//	*Command_Leech
+	//	*Command_Handoff
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2654,7 +3032,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +3044,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[32]
+	mi := &file_memfs_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +3057,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{32}
+	return file_memfs_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Command) GetSession() uint64 {
@@ -2956,6 +3334,24 @@ func (x *Command) GetTokenRevoke() *TokenRevokeCmd {
 	return nil
 }
 
+func (x *Command) GetLeech() *LeechCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Leech); ok {
+			return x.Leech
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetHandoff() *HandoffCmd {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Handoff); ok {
+			return x.Handoff
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3060,6 +3456,14 @@ type Command_TokenRevoke struct {
 	TokenRevoke *TokenRevokeCmd `protobuf:"bytes,35,opt,name=token_revoke,json=tokenRevoke,proto3,oneof"`
 }
 
+type Command_Leech struct {
+	Leech *LeechCmd `protobuf:"bytes,60,opt,name=leech,proto3,oneof"`
+}
+
+type Command_Handoff struct {
+	Handoff *HandoffCmd `protobuf:"bytes,61,opt,name=handoff,proto3,oneof"`
+}
+
 func (*Command_Open) isCommand_Op() {}
 
 func (*Command_Close) isCommand_Op() {}
@@ -3110,6 +3514,10 @@ func (*Command_TokenCreate) isCommand_Op() {}
 
 func (*Command_TokenRevoke) isCommand_Op() {}
 
+func (*Command_Leech) isCommand_Op() {}
+
+func (*Command_Handoff) isCommand_Op() {}
+
 // Entry is the payload of one Raft log entry: the commands the leader
 // batched together, stamped with the leader's clock. Every time in the
 // state machine comes from time_ns.
@@ -3130,7 +3538,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3550,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[33]
+	mi := &file_memfs_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3563,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{33}
+	return file_memfs_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Entry) GetVersion() uint32 {
@@ -3216,20 +3624,21 @@ type Result struct {
 	// capabilities on; they are being recalled. It changed nothing, is not
 	// recorded, and the node applies it again once they are released or
 	// revoked. A client never sees it.
-	Recall        bool      `protobuf:"varint,19,opt,name=recall,proto3" json:"recall,omitempty"`
-	FirstIno      uint64    `protobuf:"varint,21,opt,name=first_ino,json=firstIno,proto3" json:"first_ino,omitempty"` // reserve_inodes: the first number reserved
-	Results       []*Result `protobuf:"bytes,22,rep,name=results,proto3" json:"results,omitempty"`                    // batch: one result per command
-	Failed        uint32    `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
-	Waiter        uint64    `protobuf:"varint,24,opt,name=waiter,proto3" json:"waiter,omitempty"`                     // lock: the queued waiter (with queued)
-	Lock          *Lock     `protobuf:"bytes,25,opt,name=lock,proto3" json:"lock,omitempty"`                          // lock query: the first conflicting lock, absent when none
-	Tokens        []*Token  `protobuf:"bytes,26,rep,name=tokens,proto3" json:"tokens,omitempty"`                      // tokens query
+	Recall        bool         `protobuf:"varint,19,opt,name=recall,proto3" json:"recall,omitempty"`
+	FirstIno      uint64       `protobuf:"varint,21,opt,name=first_ino,json=firstIno,proto3" json:"first_ino,omitempty"` // reserve_inodes: the first number reserved
+	Results       []*Result    `protobuf:"bytes,22,rep,name=results,proto3" json:"results,omitempty"`                    // batch: one result per command
+	Failed        uint32       `protobuf:"varint,23,opt,name=failed,proto3" json:"failed,omitempty"`                     // batch: position plus one of the command that failed
+	Waiter        uint64       `protobuf:"varint,24,opt,name=waiter,proto3" json:"waiter,omitempty"`                     // lock: the queued waiter (with queued)
+	Lock          *Lock        `protobuf:"bytes,25,opt,name=lock,proto3" json:"lock,omitempty"`                          // lock query: the first conflicting lock, absent when none
+	Tokens        []*Token     `protobuf:"bytes,26,rep,name=tokens,proto3" json:"tokens,omitempty"`                      // tokens query
+	Region        *RegionState `protobuf:"bytes,60,opt,name=region,proto3" json:"region,omitempty"`                      // region query
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3650,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[34]
+	mi := &file_memfs_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3663,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{34}
+	return file_memfs_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Result) GetErrno() uint32 {
@@ -3439,6 +3848,13 @@ func (x *Result) GetTokens() []*Token {
 	return nil
 }
 
+func (x *Result) GetRegion() *RegionState {
+	if x != nil {
+		return x.Region
+	}
+	return nil
+}
+
 type StatQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
@@ -3448,7 +3864,7 @@ type StatQuery struct {
 
 func (x *StatQuery) Reset() {
 	*x = StatQuery{}
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3876,7 @@ func (x *StatQuery) String() string {
 func (*StatQuery) ProtoMessage() {}
 
 func (x *StatQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[35]
+	mi := &file_memfs_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3473,7 +3889,7 @@ func (x *StatQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatQuery.ProtoReflect.Descriptor instead.
 func (*StatQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{35}
+	return file_memfs_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatQuery) GetLoc() *Loc {
@@ -3495,7 +3911,7 @@ type ReadQuery struct {
 
 func (x *ReadQuery) Reset() {
 	*x = ReadQuery{}
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3507,7 +3923,7 @@ func (x *ReadQuery) String() string {
 func (*ReadQuery) ProtoMessage() {}
 
 func (x *ReadQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[36]
+	mi := &file_memfs_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3520,7 +3936,7 @@ func (x *ReadQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadQuery.ProtoReflect.Descriptor instead.
 func (*ReadQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{36}
+	return file_memfs_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReadQuery) GetHandle() uint64 {
@@ -3563,7 +3979,7 @@ type ReadDirQuery struct {
 
 func (x *ReadDirQuery) Reset() {
 	*x = ReadDirQuery{}
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3991,7 @@ func (x *ReadDirQuery) String() string {
 func (*ReadDirQuery) ProtoMessage() {}
 
 func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[37]
+	mi := &file_memfs_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +4004,7 @@ func (x *ReadDirQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirQuery.ProtoReflect.Descriptor instead.
 func (*ReadDirQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{37}
+	return file_memfs_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadDirQuery) GetLoc() *Loc {
@@ -3628,7 +4044,7 @@ type ReadlinkQuery struct {
 
 func (x *ReadlinkQuery) Reset() {
 	*x = ReadlinkQuery{}
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +4056,7 @@ func (x *ReadlinkQuery) String() string {
 func (*ReadlinkQuery) ProtoMessage() {}
 
 func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[38]
+	mi := &file_memfs_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +4069,7 @@ func (x *ReadlinkQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkQuery.ProtoReflect.Descriptor instead.
 func (*ReadlinkQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{38}
+	return file_memfs_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReadlinkQuery) GetLoc() *Loc {
@@ -3673,7 +4089,7 @@ type GetXattrQuery struct {
 
 func (x *GetXattrQuery) Reset() {
 	*x = GetXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3685,7 +4101,7 @@ func (x *GetXattrQuery) String() string {
 func (*GetXattrQuery) ProtoMessage() {}
 
 func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[39]
+	mi := &file_memfs_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3698,7 +4114,7 @@ func (x *GetXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrQuery.ProtoReflect.Descriptor instead.
 func (*GetXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{39}
+	return file_memfs_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetXattrQuery) GetLoc() *Loc {
@@ -3724,7 +4140,7 @@ type ListXattrQuery struct {
 
 func (x *ListXattrQuery) Reset() {
 	*x = ListXattrQuery{}
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3736,7 +4152,7 @@ func (x *ListXattrQuery) String() string {
 func (*ListXattrQuery) ProtoMessage() {}
 
 func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[40]
+	mi := &file_memfs_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3749,7 +4165,7 @@ func (x *ListXattrQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrQuery.ProtoReflect.Descriptor instead.
 func (*ListXattrQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{40}
+	return file_memfs_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListXattrQuery) GetLoc() *Loc {
@@ -3767,7 +4183,7 @@ type StatfsQuery struct {
 
 func (x *StatfsQuery) Reset() {
 	*x = StatfsQuery{}
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +4195,7 @@ func (x *StatfsQuery) String() string {
 func (*StatfsQuery) ProtoMessage() {}
 
 func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[41]
+	mi := &file_memfs_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +4208,7 @@ func (x *StatfsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsQuery.ProtoReflect.Descriptor instead.
 func (*StatfsQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{41}
+	return file_memfs_proto_rawDescGZIP(), []int{45}
 }
 
 // HandleQuery asks whether a queued exclusive open has been granted.
@@ -3809,7 +4225,7 @@ type HandleQuery struct {
 
 func (x *HandleQuery) Reset() {
 	*x = HandleQuery{}
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +4237,7 @@ func (x *HandleQuery) String() string {
 func (*HandleQuery) ProtoMessage() {}
 
 func (x *HandleQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[42]
+	mi := &file_memfs_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +4250,7 @@ func (x *HandleQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleQuery.ProtoReflect.Descriptor instead.
 func (*HandleQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{42}
+	return file_memfs_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *HandleQuery) GetSession() uint64 {
@@ -3867,7 +4283,7 @@ type UsageQuery struct {
 
 func (x *UsageQuery) Reset() {
 	*x = UsageQuery{}
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3879,7 +4295,7 @@ func (x *UsageQuery) String() string {
 func (*UsageQuery) ProtoMessage() {}
 
 func (x *UsageQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[43]
+	mi := &file_memfs_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3892,7 +4308,7 @@ func (x *UsageQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageQuery.ProtoReflect.Descriptor instead.
 func (*UsageQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{43}
+	return file_memfs_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UsageQuery) GetLoc() *Loc {
@@ -3924,7 +4340,7 @@ type LockQuery struct {
 
 func (x *LockQuery) Reset() {
 	*x = LockQuery{}
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3936,7 +4352,7 @@ func (x *LockQuery) String() string {
 func (*LockQuery) ProtoMessage() {}
 
 func (x *LockQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[44]
+	mi := &file_memfs_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3949,7 +4365,7 @@ func (x *LockQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockQuery.ProtoReflect.Descriptor instead.
 func (*LockQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{44}
+	return file_memfs_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LockQuery) GetIno() uint64 {
@@ -4024,7 +4440,7 @@ type TokensQuery struct {
 
 func (x *TokensQuery) Reset() {
 	*x = TokensQuery{}
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4036,7 +4452,7 @@ func (x *TokensQuery) String() string {
 func (*TokensQuery) ProtoMessage() {}
 
 func (x *TokensQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[45]
+	mi := &file_memfs_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4049,7 +4465,7 @@ func (x *TokensQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokensQuery.ProtoReflect.Descriptor instead.
 func (*TokensQuery) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{45}
+	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
 // TreeUsage is dedup accounting for a directory tree.
@@ -4065,7 +4481,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +4493,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[46]
+	mi := &file_memfs_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +4506,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{46}
+	return file_memfs_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -4136,6 +4552,7 @@ type Query struct {
 	//	*Query_Usage
 	//	*Query_Lock
 	//	*Query_Tokens
+	//	*Query_Region
 	Q isQuery_Q `protobuf_oneof:"q"`
 	// root and owner are set by the node that received the query from the
 	// client, as in Command: root confines the query, and a read through a
@@ -4148,7 +4565,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4160,7 +4577,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[47]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4173,7 +4590,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{47}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -4282,6 +4699,15 @@ func (x *Query) GetTokens() *TokensQuery {
 	return nil
 }
 
+func (x *Query) GetRegion() *RegionQuery {
+	if x != nil {
+		if x, ok := x.Q.(*Query_Region); ok {
+			return x.Region
+		}
+	}
+	return nil
+}
+
 func (x *Query) GetRoot() string {
 	if x != nil {
 		return x.Root
@@ -4344,6 +4770,10 @@ type Query_Tokens struct {
 	Tokens *TokensQuery `protobuf:"bytes,11,opt,name=tokens,proto3,oneof"`
 }
 
+type Query_Region struct {
+	Region *RegionQuery `protobuf:"bytes,60,opt,name=region,proto3,oneof"`
+}
+
 func (*Query_Stat) isQuery_Q() {}
 
 func (*Query_Read) isQuery_Q() {}
@@ -4366,6 +4796,8 @@ func (*Query_Lock) isQuery_Q() {}
 
 func (*Query_Tokens) isQuery_Q() {}
 
+func (*Query_Region) isQuery_Q() {}
+
 // Every request carries the protocol version; a node refuses one it does not
 // speak with FAILED_PRECONDITION.
 type ApplyRequest struct {
@@ -4378,7 +4810,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4390,7 +4822,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[48]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4403,7 +4835,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{48}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -4430,7 +4862,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4442,7 +4874,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[49]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4455,7 +4887,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{49}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -4488,7 +4920,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4500,7 +4932,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4513,7 +4945,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -4554,7 +4986,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4566,7 +4998,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4579,7 +5011,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -4611,7 +5043,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +5055,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +5068,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -4670,7 +5102,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4682,7 +5114,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4695,7 +5127,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -4778,7 +5210,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4790,7 +5222,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4803,7 +5235,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -5074,7 +5506,7 @@ type OpLatency struct {
 
 func (x *OpLatency) Reset() {
 	*x = OpLatency{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5518,7 @@ func (x *OpLatency) String() string {
 func (*OpLatency) ProtoMessage() {}
 
 func (x *OpLatency) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5531,7 @@ func (x *OpLatency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpLatency.ProtoReflect.Descriptor instead.
 func (*OpLatency) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *OpLatency) GetName() string {
@@ -5147,7 +5579,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5159,7 +5591,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5172,7 +5604,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -5210,7 +5642,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5222,7 +5654,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5235,7 +5667,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -5342,7 +5774,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5354,7 +5786,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5367,7 +5799,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -5413,7 +5845,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +5857,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +5870,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 type RemoveNodeRequest struct {
@@ -5451,7 +5883,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5463,7 +5895,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5476,7 +5908,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -5501,7 +5933,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5513,7 +5945,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5526,7 +5958,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{61}
+	return file_memfs_proto_rawDescGZIP(), []int{65}
 }
 
 // Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
@@ -5541,7 +5973,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5553,7 +5985,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5566,7 +5998,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{62}
+	return file_memfs_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -5593,7 +6025,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5605,7 +6037,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5618,7 +6050,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{63}
+	return file_memfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -5638,7 +6070,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5650,7 +6082,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5663,7 +6095,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{64}
+	return file_memfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -5696,7 +6128,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5708,7 +6140,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5721,7 +6153,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{65}
+	return file_memfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -5768,7 +6200,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5780,7 +6212,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5793,7 +6225,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{66}
+	return file_memfs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -5819,7 +6251,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5831,7 +6263,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5844,7 +6276,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{67}
+	return file_memfs_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -5890,7 +6322,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[68]
+	mi := &file_memfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5902,7 +6334,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[68]
+	mi := &file_memfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5915,7 +6347,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{68}
+	return file_memfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -6097,7 +6529,41 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06fences\x18\x01 \x03(\v2\x10.memfs.v1.CapRefR\x06fences\x12-\n" +
 	"\bcommands\x18\x02 \x03(\v2\x11.memfs.v1.CommandR\bcommands\"\x1e\n" +
 	"\bTouchCmd\x12\x12\n" +
-	"\x04inos\x18\x01 \x03(\x04R\x04inos\"\xd5\x01\n" +
+	"\x04inos\x18\x01 \x03(\x04R\x04inos\"J\n" +
+	"\bLeechCmd\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
+	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"D\n" +
+	"\n" +
+	"HandoffCmd\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\"\xf4\x01\n" +
+	"\vRegionQuery\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\x12\x14\n" +
+	"\x05fetch\x18\x04 \x03(\x04R\x05fetch\x12\x12\n" +
+	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x16\n" +
+	"\x06holder\x18\x06 \x01(\x04R\x06holder\x12\x14\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x18\n" +
+	"\aleecher\x18\b \x01(\x04R\aleecher\x12\x14\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\x12\x1f\n" +
+	"\x03loc\x18\n" +
+	" \x01(\v2\r.memfs.v1.LocR\x03loc\"\xf6\x01\n" +
+	"\vRegionState\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\x12\x1d\n" +
+	"\n" +
+	"chunk_size\x18\x02 \x01(\rR\tchunkSize\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\x04R\x06holder\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\aleecher\x18\x05 \x01(\x04R\aleecher\x12\x14\n" +
+	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x16\n" +
+	"\x06hashes\x18\a \x03(\fR\x06hashes\x12\x12\n" +
+	"\x04data\x18\b \x03(\fR\x04data\x12\x18\n" +
+	"\afetched\x18\t \x03(\fR\afetched\x12\x10\n" +
+	"\x03ino\x18\n" +
+	" \x01(\x04R\x03ino\"\xd5\x01\n" +
 	"\aLockCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\x04R\x05owner\x12&\n" +
@@ -6131,8 +6597,7 @@ const file_memfs_proto_rawDesc = "" +
 	"created_ns\x18\x04 \x01(\x03R\tcreatedNs\x12\x1d\n" +
 	"\n" +
 	"expires_ns\x18\x05 \x01(\x03R\texpiresNs\x12\x12\n" +
-	"\x04path\x182 \x01(\tR\x04path\"\xfd\n" +
-	"\n" +
+	"\x04path\x182 \x01(\tR\x04path\"\xdb\v\n" +
 	"\aCommand\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -6166,13 +6631,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\rclose_session\x18  \x01(\v2\x19.memfs.v1.CloseSessionCmdH\x00R\fcloseSession\x12'\n" +
 	"\x04tick\x18! \x01(\v2\x11.memfs.v1.TickCmdH\x00R\x04tick\x12=\n" +
 	"\ftoken_create\x18\" \x01(\v2\x18.memfs.v1.TokenCreateCmdH\x00R\vtokenCreate\x12=\n" +
-	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevokeB\x04\n" +
+	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevoke\x12*\n" +
+	"\x05leech\x18< \x01(\v2\x12.memfs.v1.LeechCmdH\x00R\x05leech\x120\n" +
+	"\ahandoff\x18= \x01(\v2\x14.memfs.v1.HandoffCmdH\x00R\ahandoffB\x04\n" +
 	"\x02op\"\x8c\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\xe4\x05\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x93\x06\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -6200,7 +6667,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x06failed\x18\x17 \x01(\rR\x06failed\x12\x16\n" +
 	"\x06waiter\x18\x18 \x01(\x04R\x06waiter\x12\"\n" +
 	"\x04lock\x18\x19 \x01(\v2\x0e.memfs.v1.LockR\x04lock\x12'\n" +
-	"\x06tokens\x18\x1a \x03(\v2\x0f.memfs.v1.TokenR\x06tokens\",\n" +
+	"\x06tokens\x18\x1a \x03(\v2\x0f.memfs.v1.TokenR\x06tokens\x12-\n" +
+	"\x06region\x18< \x01(\v2\x15.memfs.v1.RegionStateR\x06region\",\n" +
 	"\tStatQuery\x12\x1f\n" +
 	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\"t\n" +
 	"\tReadQuery\x12\x16\n" +
@@ -6243,7 +6711,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xd7\x04\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\x88\x05\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -6257,7 +6725,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05usage\x18\t \x01(\v2\x14.memfs.v1.UsageQueryH\x00R\x05usage\x12)\n" +
 	"\x04lock\x18\n" +
 	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lock\x12/\n" +
-	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokens\x12\x12\n" +
+	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokens\x12/\n" +
+	"\x06region\x18< \x01(\v2\x15.memfs.v1.RegionQueryH\x00R\x06region\x12\x12\n" +
 	"\x04root\x182 \x01(\tR\x04root\x12\x14\n" +
 	"\x05owner\x183 \x01(\tR\x05ownerB\x03\n" +
 	"\x01q\"U\n" +
@@ -6446,7 +6915,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(LockType)(0),                 // 1: memfs.v1.LockType
@@ -6479,163 +6948,172 @@ var file_memfs_proto_goTypes = []any{
 	(*ReserveInodesCmd)(nil),      // 28: memfs.v1.ReserveInodesCmd
 	(*BatchCmd)(nil),              // 29: memfs.v1.BatchCmd
 	(*TouchCmd)(nil),              // 30: memfs.v1.TouchCmd
-	(*LockCmd)(nil),               // 31: memfs.v1.LockCmd
-	(*Lock)(nil),                  // 32: memfs.v1.Lock
-	(*TokenCreateCmd)(nil),        // 33: memfs.v1.TokenCreateCmd
-	(*TokenRevokeCmd)(nil),        // 34: memfs.v1.TokenRevokeCmd
-	(*Token)(nil),                 // 35: memfs.v1.Token
-	(*Command)(nil),               // 36: memfs.v1.Command
-	(*Entry)(nil),                 // 37: memfs.v1.Entry
-	(*Result)(nil),                // 38: memfs.v1.Result
-	(*StatQuery)(nil),             // 39: memfs.v1.StatQuery
-	(*ReadQuery)(nil),             // 40: memfs.v1.ReadQuery
-	(*ReadDirQuery)(nil),          // 41: memfs.v1.ReadDirQuery
-	(*ReadlinkQuery)(nil),         // 42: memfs.v1.ReadlinkQuery
-	(*GetXattrQuery)(nil),         // 43: memfs.v1.GetXattrQuery
-	(*ListXattrQuery)(nil),        // 44: memfs.v1.ListXattrQuery
-	(*StatfsQuery)(nil),           // 45: memfs.v1.StatfsQuery
-	(*HandleQuery)(nil),           // 46: memfs.v1.HandleQuery
-	(*UsageQuery)(nil),            // 47: memfs.v1.UsageQuery
-	(*LockQuery)(nil),             // 48: memfs.v1.LockQuery
-	(*TokensQuery)(nil),           // 49: memfs.v1.TokensQuery
-	(*TreeUsage)(nil),             // 50: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 51: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 52: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 53: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 54: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 55: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 56: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 57: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 58: memfs.v1.NodeStatus
-	(*OpLatency)(nil),             // 59: memfs.v1.OpLatency
-	(*StatusRequest)(nil),         // 60: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 61: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 62: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 63: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 64: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 65: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 66: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 67: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 68: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 69: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 70: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 71: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 72: memfs.v1.Recall
+	(*LeechCmd)(nil),              // 31: memfs.v1.LeechCmd
+	(*HandoffCmd)(nil),            // 32: memfs.v1.HandoffCmd
+	(*RegionQuery)(nil),           // 33: memfs.v1.RegionQuery
+	(*RegionState)(nil),           // 34: memfs.v1.RegionState
+	(*LockCmd)(nil),               // 35: memfs.v1.LockCmd
+	(*Lock)(nil),                  // 36: memfs.v1.Lock
+	(*TokenCreateCmd)(nil),        // 37: memfs.v1.TokenCreateCmd
+	(*TokenRevokeCmd)(nil),        // 38: memfs.v1.TokenRevokeCmd
+	(*Token)(nil),                 // 39: memfs.v1.Token
+	(*Command)(nil),               // 40: memfs.v1.Command
+	(*Entry)(nil),                 // 41: memfs.v1.Entry
+	(*Result)(nil),                // 42: memfs.v1.Result
+	(*StatQuery)(nil),             // 43: memfs.v1.StatQuery
+	(*ReadQuery)(nil),             // 44: memfs.v1.ReadQuery
+	(*ReadDirQuery)(nil),          // 45: memfs.v1.ReadDirQuery
+	(*ReadlinkQuery)(nil),         // 46: memfs.v1.ReadlinkQuery
+	(*GetXattrQuery)(nil),         // 47: memfs.v1.GetXattrQuery
+	(*ListXattrQuery)(nil),        // 48: memfs.v1.ListXattrQuery
+	(*StatfsQuery)(nil),           // 49: memfs.v1.StatfsQuery
+	(*HandleQuery)(nil),           // 50: memfs.v1.HandleQuery
+	(*UsageQuery)(nil),            // 51: memfs.v1.UsageQuery
+	(*LockQuery)(nil),             // 52: memfs.v1.LockQuery
+	(*TokensQuery)(nil),           // 53: memfs.v1.TokensQuery
+	(*TreeUsage)(nil),             // 54: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 55: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 56: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 57: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 58: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 59: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 60: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 61: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 62: memfs.v1.NodeStatus
+	(*OpLatency)(nil),             // 63: memfs.v1.OpLatency
+	(*StatusRequest)(nil),         // 64: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 65: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 66: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 67: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 68: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 69: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 70: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 71: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 72: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 73: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 74: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 75: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 76: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
-	4,  // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
-	5,  // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
-	5,  // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
-	5,  // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
-	5,  // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
-	5,  // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
-	5,  // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
-	5,  // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
-	26, // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
-	26, // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
-	36, // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
-	1,  // 19: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
-	1,  // 20: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
-	2,  // 21: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
-	2,  // 22: memfs.v1.Token.role:type_name -> memfs.v1.Role
-	8,  // 23: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	9,  // 24: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	10, // 25: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	11, // 26: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	12, // 27: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	13, // 28: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	14, // 29: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	16, // 30: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	17, // 31: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	18, // 32: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	19, // 33: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	20, // 34: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	25, // 35: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	27, // 36: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	15, // 37: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	28, // 38: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	29, // 39: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	30, // 40: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	31, // 41: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
-	21, // 42: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	22, // 43: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	23, // 44: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	24, // 45: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	33, // 46: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
-	34, // 47: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
-	36, // 48: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	4,  // 49: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	6,  // 50: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	7,  // 51: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	50, // 52: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	38, // 53: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	32, // 54: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
-	35, // 55: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
-	5,  // 56: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 57: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 58: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 59: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 60: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 61: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,  // 62: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	1,  // 63: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
-	39, // 64: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	40, // 65: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	41, // 66: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	42, // 67: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	43, // 68: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	44, // 69: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	45, // 70: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	46, // 71: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	47, // 72: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	48, // 73: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
-	49, // 74: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
-	36, // 75: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	38, // 76: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	51, // 77: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	3,  // 78: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	38, // 79: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	36, // 80: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	38, // 81: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	59, // 82: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
-	59, // 83: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
-	58, // 84: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	58, // 85: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	6,  // 86: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	72, // 87: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	52, // 88: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	54, // 89: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	56, // 90: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	54, // 91: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	60, // 92: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	62, // 93: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	64, // 94: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	66, // 95: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	68, // 96: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	70, // 97: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	53, // 98: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	55, // 99: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	53, // 100: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	57, // 101: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	61, // 102: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	63, // 103: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	65, // 104: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	67, // 105: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	69, // 106: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	71, // 107: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	98, // [98:108] is the sub-list for method output_type
-	88, // [88:98] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	4,   // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
+	5,   // 1: memfs.v1.OpenCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 2: memfs.v1.WriteCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 3: memfs.v1.MkdirCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 4: memfs.v1.RemoveCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 5: memfs.v1.RenameCmd.src:type_name -> memfs.v1.Loc
+	5,   // 6: memfs.v1.RenameCmd.dst:type_name -> memfs.v1.Loc
+	5,   // 7: memfs.v1.SetAttrCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 8: memfs.v1.MknodCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 9: memfs.v1.SymlinkCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 10: memfs.v1.LinkCmd.src:type_name -> memfs.v1.Loc
+	5,   // 11: memfs.v1.LinkCmd.dst:type_name -> memfs.v1.Loc
+	5,   // 12: memfs.v1.SetXattrCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 13: memfs.v1.RemoveXattrCmd.loc:type_name -> memfs.v1.Loc
+	5,   // 14: memfs.v1.CloneCmd.src:type_name -> memfs.v1.Loc
+	5,   // 15: memfs.v1.CloneCmd.dst:type_name -> memfs.v1.Loc
+	26,  // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
+	26,  // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
+	40,  // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
+	5,   // 19: memfs.v1.RegionQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 20: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
+	1,   // 21: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
+	2,   // 22: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
+	2,   // 23: memfs.v1.Token.role:type_name -> memfs.v1.Role
+	8,   // 24: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	9,   // 25: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	10,  // 26: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	11,  // 27: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	12,  // 28: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	13,  // 29: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	14,  // 30: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	16,  // 31: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	17,  // 32: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	18,  // 33: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	19,  // 34: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	20,  // 35: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	25,  // 36: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	27,  // 37: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	15,  // 38: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	28,  // 39: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	29,  // 40: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	30,  // 41: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	35,  // 42: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
+	21,  // 43: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	22,  // 44: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	23,  // 45: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	24,  // 46: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	37,  // 47: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
+	38,  // 48: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
+	31,  // 49: memfs.v1.Command.leech:type_name -> memfs.v1.LeechCmd
+	32,  // 50: memfs.v1.Command.handoff:type_name -> memfs.v1.HandoffCmd
+	40,  // 51: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	4,   // 52: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	6,   // 53: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	7,   // 54: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	54,  // 55: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	42,  // 56: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	36,  // 57: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
+	39,  // 58: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
+	34,  // 59: memfs.v1.Result.region:type_name -> memfs.v1.RegionState
+	5,   // 60: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 61: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 62: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 63: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 64: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 65: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 66: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 67: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
+	43,  // 68: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	44,  // 69: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	45,  // 70: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	46,  // 71: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	47,  // 72: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	48,  // 73: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	49,  // 74: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	50,  // 75: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	51,  // 76: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	52,  // 77: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	53,  // 78: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	33,  // 79: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
+	40,  // 80: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	42,  // 81: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	55,  // 82: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	3,   // 83: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	42,  // 84: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	40,  // 85: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	42,  // 86: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	63,  // 87: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
+	63,  // 88: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
+	62,  // 89: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	62,  // 90: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,   // 91: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	76,  // 92: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	56,  // 93: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	58,  // 94: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	60,  // 95: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	58,  // 96: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	64,  // 97: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	66,  // 98: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	68,  // 99: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	70,  // 100: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	72,  // 101: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	74,  // 102: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	57,  // 103: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	59,  // 104: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	57,  // 105: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	61,  // 106: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	65,  // 107: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	67,  // 108: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	69,  // 109: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	71,  // 110: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	73,  // 111: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	75,  // 112: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	103, // [103:113] is the sub-list for method output_type
+	93,  // [93:103] is the sub-list for method input_type
+	93,  // [93:93] is the sub-list for extension type_name
+	93,  // [93:93] is the sub-list for extension extendee
+	0,   // [0:93] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -6644,7 +7122,7 @@ func file_memfs_proto_init() {
 		return
 	}
 	file_memfs_proto_msgTypes[0].OneofWrappers = []any{}
-	file_memfs_proto_msgTypes[32].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[36].OneofWrappers = []any{
 		(*Command_Open)(nil),
 		(*Command_Close)(nil),
 		(*Command_Write)(nil),
@@ -6670,8 +7148,10 @@ func file_memfs_proto_init() {
 		(*Command_Tick)(nil),
 		(*Command_TokenCreate)(nil),
 		(*Command_TokenRevoke)(nil),
+		(*Command_Leech)(nil),
+		(*Command_Handoff)(nil),
 	}
-	file_memfs_proto_msgTypes[47].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[51].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -6683,6 +7163,7 @@ func file_memfs_proto_init() {
 		(*Query_Usage)(nil),
 		(*Query_Lock)(nil),
 		(*Query_Tokens)(nil),
+		(*Query_Region)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -6690,7 +7171,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   69,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

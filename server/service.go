@@ -244,7 +244,7 @@ func (n *Node) queryLocal(ctx context.Context, req *pb.QueryRequest) (*pb.Result
 	defer func() {
 		n.metrics.queryLatency.WithLabelValues(req.Consistency.String()).Observe(time.Since(start).Seconds())
 	}()
-	wait := req.Query.GetHandle().GetWait() || req.Query.GetLock().GetWait()
+	wait := req.Query.GetHandle().GetWait() || req.Query.GetLock().GetWait() || req.Query.GetRegion().GetWait()
 	for {
 		changed := n.fsm.Changed()
 		res := n.fsm.Query(req.Query)

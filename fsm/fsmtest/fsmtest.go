@@ -280,6 +280,25 @@ func Touch(inos ...uint64) *pb.Command {
 	return &pb.Command{Op: &pb.Command_Touch{Touch: &pb.TouchCmd{Inos: inos}}}
 }
 
+// Leech registers the session as the leecher of another session's
+// exclusive capability on ino (ready: it has pulled enough; cancel:
+// withdraw).
+func Leech(ino uint64, ready, cancel bool) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: ino, Ready: ready, Cancel: cancel}}}
+}
+
+// Handoff moves the session's exclusive capability on ino, held at
+// epoch, to its leecher to.
+func Handoff(ino, epoch, to uint64) *pb.Command {
+	return &pb.Command{Op: &pb.Command_Handoff{Handoff: &pb.HandoffCmd{Ino: ino, Epoch: epoch, To: to}}}
+}
+
+// Region asks for the region state of ino: the hashes of count chunks
+// from first and the data of the chunks in fetch.
+func Region(ino, first uint64, count uint32, fetch ...uint64) *pb.Query {
+	return &pb.Query{Q: &pb.Query_Region{Region: &pb.RegionQuery{Ino: ino, First: first, Count: count, Fetch: fetch}}}
+}
+
 // Lock takes (or with pb.LockType_LOCK_UNLOCK releases) a POSIX record
 // lock of owner on bytes [start, end] of ino; wait queues it when held.
 func Lock(ino, owner uint64, typ pb.LockType, start, end uint64, wait bool) *pb.Command {

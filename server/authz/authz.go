@@ -62,8 +62,10 @@ var Commands = map[protoreflect.Name]pb.Role{
 	"lock":           pb.Role_ROLE_READ,  // a shared lock or an unlock; an exclusive lock needs write
 	"token_create":   pb.Role_ROLE_ADMIN,
 	"token_revoke":   pb.Role_ROLE_ADMIN,
-	"touch":          pb.Role_ROLE_NODE, // nodes send it before answering a read
-	"tick":           pb.Role_ROLE_NODE, // the leader's clock
+	"touch":          pb.Role_ROLE_NODE,  // nodes send it before answering a read
+	"tick":           pb.Role_ROLE_NODE,  // the leader's clock
+	"leech":          pb.Role_ROLE_WRITE, // it ends in taking an exclusive capability
+	"handoff":        pb.Role_ROLE_WRITE,
 }
 
 // Queries is the role each question of a Query needs, by its field name.
@@ -79,6 +81,7 @@ var Queries = map[protoreflect.Name]pb.Role{
 	"usage":      pb.Role_ROLE_READ,
 	"lock":       pb.Role_ROLE_READ,
 	"tokens":     pb.Role_ROLE_ADMIN,
+	"region":     pb.Role_ROLE_READ,
 }
 
 // Open flags that make an open change the file (Linux values).

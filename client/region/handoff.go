@@ -1,0 +1,317 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"syscall"
+	"time"
+
+	"github.com/memoryfs/memfs/client"
+	pb "github.com/memoryfs/memfs/proto"
+)
+
+// pollWait bounds one long poll of the region state.
+const pollWait = 5 * time.Second
+
+// holderGoneAfter is how long a leecher sees no holder before it takes
+// the capability itself: a holder whose capability another session's
+// read or write recalled takes it back at its next write, within
+// milliseconds; a dead holder's stays gone.
+const holderGoneAfter = 500 * time.Millisecond
+
+// poll long-polls the region state until it differs from last.
+func (r *Region) poll(ctx context.Context, last *pb.RegionState) (*pb.RegionState, error) {
+	return r.pollFor(ctx, last, pollWait)
+}
+
+// pollFor is poll for at most wait.
+func (r *Region) pollFor(ctx context.Context, last *pb.RegionState, wait time.Duration) (*pb.RegionState, error) {
+	pctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	st, err := r.query(pctx, &pb.RegionQuery{Wait: true, Holder: last.GetHolder(), Epoch: last.GetEpoch(),
+		Leecher: last.GetLeecher(), Ready: last.GetReady()})
+	if err != nil && ctx.Err() == nil && (errors.Is(err, client.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)) {
+		return last, nil // the poll ran out: ask again
+	}
+	return st, err
+}
+
+// watchLeecher follows the region's leecher, so that the chunks written
+// since one registered are known (DirtySinceLeech, Finalize).
+func (r *Region) watchLeecher() {
+	defer r.wg.Done()
+	var last *pb.RegionState
+	for r.ctx.Err() == nil {
+		st, err := r.poll(r.ctx, last)
+		if err != nil {
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-r.ctx.Done():
+			}
+			continue
+		}
+		last = st
+		r.mu.Lock()
+		if st.Leecher != r.leecher {
+			r.leecher = st.Leecher
+			for i := range r.ch {
+				r.ch[i].sinceLeech = false
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// WaitLeecher returns the session of a leecher that says it is ready
+// (ready false: any leecher), once there is one.
+func (r *Region) WaitLeecher(ctx context.Context, ready bool) (uint64, error) {
+	var last *pb.RegionState
+	for {
+		st, err := r.poll(ctx, last)
+		if err != nil {
+			return 0, err
+		}
+		if st != nil && st.Leecher != 0 && (st.Ready || !ready) {
+			return st.Leecher, nil
+		}
+		if st == last {
+			continue
+		}
+		last = st
+	}
+}
+
+// HandoffStats describe one Finalize.
+type HandoffStats struct {
+	To              uint64        // the session the capability went to
+	Epoch           uint64        // its epoch there
+	Pushed          int64         // bytes written back during the finalize
+	DirtySinceLeech int64         // bytes written since the leecher registered
+	Took            time.Duration // from the freeze to the handoff committed
+}
+
+// Finalize hands the region to its registered leecher: it stops taking
+// reads and writes (they wait, then fail with ErrHandedOff), commits
+// what was written, and moves the capability to the leecher's session in
+// one command. When there is no leecher, or it is gone, the region keeps
+// its capability and goes on.
+func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
+	var hs HandoffStats
+	if r.opts.ReadOnly {
+		return hs, fmt.Errorf("region: read-only: %w", syscall.EBADF)
+	}
+	start := time.Now()
+	r.mu.Lock()
+	if r.state != stateOpen {
+		r.mu.Unlock()
+		return hs, ErrClosed
+	}
+	r.state = stateFrozen
+	pushed0 := r.pushed
+	hs.DirtySinceLeech = r.progressLocked().DirtySinceLeech
+	r.notify()
+	r.mu.Unlock()
+	resume := func(err error) (HandoffStats, error) {
+		r.mu.Lock()
+		r.state = stateOpen
+		r.notify()
+		r.mu.Unlock()
+		return hs, err
+	}
+	if err := r.Sync(ctx); err != nil {
+		return resume(err)
+	}
+	st, err := r.query(ctx, &pb.RegionQuery{})
+	if err != nil {
+		return resume(err)
+	}
+	epoch, ok := r.c.Caps().ExclusiveEpoch(r.ino)
+	r.mu.Lock()
+	lost := r.lost
+	r.mu.Unlock()
+	switch {
+	case st.Leecher == 0:
+		return resume(fmt.Errorf("region %s: no leecher: %w", r.path, fs.ErrNotExist))
+	case !ok || lost:
+		return resume(fmt.Errorf("region %s: capability not held: %w", r.path, syscall.EKEYREVOKED))
+	}
+	res, err := r.c.Do(ctx, &pb.Command{Op: &pb.Command_Handoff{Handoff: &pb.HandoffCmd{Ino: r.ino, Epoch: epoch, To: st.Leecher}}})
+	if err != nil {
+		return resume(fmt.Errorf("region %s: handoff: %w", r.path, err))
+	}
+	hs.To, hs.Epoch, hs.Took = st.Leecher, res.GetEpoch(), time.Since(start)
+	r.mu.Lock()
+	hs.Pushed = r.pushed - pushed0
+	r.state = stateHandedOff
+	r.notify()
+	r.mu.Unlock()
+	r.shutdown(stateHandedOff)
+	// Forget it here; the release names an epoch the cluster no longer
+	// has, and changes nothing.
+	r.c.Caps().Release(r.ino)
+	r.mu.Lock()
+	r.freeMem()
+	r.mu.Unlock()
+	return hs, nil
+}
+
+// Leecher pulls a region another session holds, to take it over.
+type Leecher struct {
+	r       *Region
+	expect  func()
+	session uint64
+	ready   bool
+}
+
+// Leech registers c's session as the leecher of path's region and pulls
+// its committed chunks in the background while the holder goes on
+// writing. c must be made WithCaps. Take ends it.
+func Leech(ctx context.Context, c *client.Client, path string, opts Options) (*Leecher, error) {
+	opts.defaults()
+	opts.ReadOnly, opts.Create, opts.Size = false, false, 0
+	caps := c.Caps()
+	if caps == nil {
+		return nil, errors.New("region: a leecher needs a client made WithCaps")
+	}
+	// Not a Stat: a linearizable read would recall the holder's capability.
+	res, err := c.Query(ctx, &pb.Query{Q: &pb.Query_Region{Region: &pb.RegionQuery{Loc: &pb.Loc{Path: path}}}})
+	if err != nil {
+		return nil, fmt.Errorf("region %s: %w", path, err)
+	}
+	ino := res.GetRegion().GetIno()
+	r := newRegion(c, path, ino, opts)
+	// Recalls of the capability to come are remembered from now on.
+	l := &Leecher{r: r, expect: caps.Expect()}
+	if err := l.register(ctx); err != nil {
+		l.expect()
+		return nil, fmt.Errorf("region %s: leech: %w", path, err)
+	}
+	l.session = c.Session()
+	if err := r.load(ctx); err != nil {
+		l.Cancel()
+		return nil, err
+	}
+	r.state = stateFrozen // nothing is answered before Take
+	r.startPull()
+	return l, nil
+}
+
+// register makes the session the holder's leecher (ready as l.ready).
+// A holder whose capability a read or write of another session recalled
+// has none for a moment, and takes it back at its next write: ENOENT is
+// final only after holderGoneAfter.
+func (l *Leecher) register(ctx context.Context) error {
+	deadline := time.Now().Add(holderGoneAfter)
+	backoff := time.Millisecond
+	for {
+		_, err := l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Ready: l.ready}}})
+		if client.Errno(err) != syscall.ENOENT || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 20*time.Millisecond)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Progress reports the pull.
+func (l *Leecher) Progress() Progress { return l.r.Progress() }
+
+// Ready tells the holder the leecher has pulled enough (WaitLeecher).
+func (l *Leecher) Ready(ctx context.Context) error {
+	l.ready = true
+	return l.register(ctx)
+}
+
+// Cancel withdraws the registration and drops what was pulled.
+func (l *Leecher) Cancel() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Cancel: true}}})
+	l.expect()
+	l.r.shutdown(stateClosed)
+	l.r.mu.Lock()
+	l.r.freeMem()
+	l.r.mu.Unlock()
+}
+
+// Take waits until the holder hands the capability over (Finalize), or
+// until the holder is gone (its session ended: the capability is then
+// granted here, on what the holder last committed), fetches again only
+// the chunks that changed since they were pulled, and returns the
+// region, now this session's.
+func (l *Leecher) Take(ctx context.Context) (*Region, error) {
+	r := l.r
+	caps := r.c.Caps()
+	var last *pb.RegionState
+	var noHolder time.Time // since when no session holds the file
+	for {
+		wait := pollWait
+		if !noHolder.IsZero() {
+			wait = max(time.Until(noHolder.Add(holderGoneAfter)), time.Millisecond)
+		}
+		st, err := r.pollFor(ctx, last, wait)
+		if err != nil {
+			return nil, err
+		}
+		if st == nil {
+			continue // the first poll ran out
+		}
+		last = st
+		if st.Holder != 0 {
+			noHolder = time.Time{}
+		} else if noHolder.IsZero() {
+			noHolder = time.Now()
+		}
+		switch {
+		case st.Holder == l.session && caps.AdoptHandoff(l.session, r.ino, st.Epoch):
+		case st.Holder == l.session:
+			// Handed over, and recalled by another session's read or
+			// write before it was adopted (the client gave it back):
+			// the handoff is done, and the capability is taken again
+			// like after any recall.
+			if err := r.grant(ctx); err != nil {
+				return nil, err
+			}
+		case st.Holder == 0 && time.Since(noHolder) < holderGoneAfter:
+			continue // recalled, maybe: the holder may take it back
+		case st.Holder == 0:
+			// The holder is gone: what it committed is the region.
+			if err := r.grant(ctx); err != nil {
+				return nil, err
+			}
+		case st.Leecher != l.session:
+			// Withdrawn (the holder's capability was granted again
+			// after a loss): register again.
+			if err := l.register(ctx); err != nil && client.Errno(err) != syscall.ENOENT {
+				return nil, err
+			}
+			continue
+		default:
+			continue
+		}
+		break
+	}
+	l.expect()
+	if !caps.WaitTrusted(ctx, time.Minute) {
+		return nil, fmt.Errorf("region %s: capability not trusted: %w", r.path, syscall.ETIMEDOUT)
+	}
+	epoch, ok := caps.ExclusiveEpoch(r.ino)
+	if !ok {
+		return nil, fmt.Errorf("region %s: capability lost at once: %w", r.path, syscall.EAGAIN)
+	}
+	if err := r.revalidate(ctx); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.epoch, r.lost, r.writable, r.state = epoch, false, true, stateOpen
+	r.notify()
+	r.mu.Unlock()
+	r.startWriter()
+	return r, nil
+}

@@ -1,0 +1,482 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/client/region"
+	"github.com/memoryfs/memfs/internal/progress"
+)
+
+var regionCmd = &cobra.Command{
+	Use:   "region",
+	Short: "Managed memory regions: pull a file into memory, demonstrate a live handoff",
+	Long: `A region keeps a cluster file in a program's memory (package client/region,
+docs/regions.md). These commands are for a look at its rates: "pull" fetches a
+file into a local region, "handoff" moves a region written under load from one
+session to another and checks that no write was lost or reordered.`,
+}
+
+var regionPull = struct {
+	workers int
+	out     string
+	plain   bool
+}{workers: 4}
+
+var regionPullCmd = &cobra.Command{
+	Use:   "pull PATH",
+	Short: "Fetch a file into a local region and report first-byte latency and throughput",
+	Long: `Open PATH as a read-only region (no capability: a holder is not disturbed),
+read its first byte (fetched at once), then wait for the background pull of the
+rest with --workers fetchers. A progress bar shows on a terminal; the rates go
+to standard output at the end. --out writes the region to a local file.
+--plain reads the file with plain client reads instead (a baseline).`,
+	Args: cobra.ExactArgs(1),
+	RunE: clientRun(runRegionPull),
+}
+
+func runRegionPull(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+	if regionPull.plain {
+		return plainPull(ctx, cmd, c, args[0])
+	}
+	start := time.Now()
+	var bar *progress.Bar
+	var mu sync.Mutex
+	var shown int64
+	opts := region.Options{ReadOnly: true, Workers: regionPull.workers, ProgressInterval: 100 * time.Millisecond,
+		Progress: func(p region.Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			if bar != nil && p.Local > shown {
+				bar.Add(int(p.Local - shown))
+				shown = p.Local
+			}
+		}}
+	r, err := region.Open(ctx, c, args[0], opts)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	opened := time.Since(start)
+	mu.Lock()
+	bar = progress.Bytes(cmd.ErrOrStderr(), r.Size(), "pull "+args[0], quietFlag)
+	mu.Unlock()
+	var first time.Duration
+	if r.Size() > 0 {
+		if _, err := r.ReadAt(make([]byte, 1), 0); err != nil {
+			return err
+		}
+		first = time.Since(start)
+	}
+	if err := r.Wait(ctx); err != nil {
+		bar.Stop()
+		return err
+	}
+	all := time.Since(start)
+	mu.Lock()
+	bar.Add(int(r.Size() - shown))
+	shown = r.Size()
+	bar.Finish()
+	mu.Unlock()
+	p := r.Progress()
+	if regionPull.out != "" {
+		if err := os.WriteFile(regionPull.out, r.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "region %s: %s, chunks of %s\n", args[0], formatBytes(r.Size()), formatBytes(int64(r.ChunkSize())))
+	fmt.Fprintf(cmd.OutOrStdout(), "open %v, first byte %v, all %v: %s/s\n", round(opened), round(first), round(all), rate(r.Size(), all))
+	fmt.Fprintf(cmd.OutOrStdout(), "fetched %s over the network, %s from holes or local copies\n",
+		formatBytes(p.Pulled), formatBytes(r.Size()-p.Pulled))
+	return nil
+}
+
+// plainPull is the baseline: the same file through plain client reads.
+func plainPull(ctx context.Context, cmd *cobra.Command, c *client.Client, path string) error {
+	start := time.Now()
+	f, err := c.OpenFileContext(ctx, path, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	bar := progress.Bytes(cmd.ErrOrStderr(), size, "read "+path, quietFlag)
+	var first time.Duration
+	if size > 0 {
+		if _, err := f.ReadAt(make([]byte, 1), 0); err != nil {
+			return err
+		}
+		first = time.Since(start)
+	}
+	var out io.Writer = io.Discard
+	if regionPull.out != "" {
+		o, err := os.Create(regionPull.out)
+		if err != nil {
+			return err
+		}
+		defer o.Close()
+		out = o
+	}
+	n, err := io.CopyBuffer(onlyWriter{out}, io.TeeReader(io.NewSectionReader(f, 0, size), bar), make([]byte, copyBuf))
+	if err != nil {
+		bar.Stop()
+		return err
+	}
+	bar.Finish()
+	all := time.Since(start)
+	fmt.Fprintf(cmd.OutOrStdout(), "file %s: %s through plain reads of %s\n", path, formatBytes(n), formatBytes(copyBuf))
+	fmt.Fprintf(cmd.OutOrStdout(), "first byte %v, all %v: %s/s\n", round(first), round(all), rate(n, all))
+	return nil
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d > time.Second:
+		return d.Round(time.Millisecond)
+	case d > time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+func rate(n int64, d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)/d.Seconds())
+}
+
+var regionHandoff = struct {
+	path     string
+	size     byteSize
+	hot      byteSize
+	interval time.Duration
+	rounds   int
+	settle   time.Duration
+	keep     bool
+}{path: "/.region-handoff", size: 64 << 20, hot: 16 << 20, interval: 500 * time.Microsecond, rounds: 1,
+	settle: 200 * time.Millisecond}
+
+var regionHandoffCmd = &cobra.Command{
+	Use:   "handoff",
+	Short: "Hand a region written under load from one session to another and check every write",
+	Long: `A demonstration of a live handoff between two sessions of this process (two
+hosts in a real deployment). An application writes an 8-byte counter into the
+chunks of the first --hot bytes of a --size region, one write every
+--interval. Each round another session leeches the region while the writes go
+on, the holder finalizes, and the application resumes on the new holder.
+
+After every round the new holder reads every slot back: each must hold the
+last counter the application wrote into it, whichever session wrote it (a lost
+write shows as an older value, a reordered one too). At the end the committed
+file is checked the same way through a read-only region of a third session.
+Reported per round: the pause (the application's last accepted write on the old
+holder to its first on the new one), the finalize, the bytes pushed in it, the
+bytes written since the leecher registered, and the bytes the new holder
+fetched again (the chunks that changed after it pulled them). A --path the demo made is removed at the
+end unless --keep; an existing file is used as it is (extended to --size) and
+kept, its first chunks overwritten with counters.`,
+	Args: cobra.NoArgs,
+	RunE: clientRun(runRegionHandoff),
+}
+
+func init() {
+	f := regionPullCmd.Flags()
+	f.IntVar(&regionPull.workers, "workers", regionPull.workers, "background fetchers")
+	f.StringVarP(&regionPull.out, "out", "o", "", "write what was pulled to this local file")
+	f.BoolVar(&regionPull.plain, "plain", false, "read with plain client reads instead (a baseline)")
+	h := regionHandoffCmd.Flags()
+	h.StringVar(&regionHandoff.path, "path", regionHandoff.path, "cluster file of the region (created, or extended to --size)")
+	h.Var(&regionHandoff.size, "size", "region size")
+	h.Var(&regionHandoff.hot, "hot", "bytes at the start of the region the application writes into")
+	h.DurationVar(&regionHandoff.interval, "interval", regionHandoff.interval, "time between two writes of the application")
+	h.IntVar(&regionHandoff.rounds, "rounds", regionHandoff.rounds, "handoffs, back and forth between the two sessions")
+	h.DurationVar(&regionHandoff.settle, "settle", regionHandoff.settle, "writes on the new holder before the next round")
+	h.BoolVar(&regionHandoff.keep, "keep", false, "keep the file")
+	regionCmd.AddCommand(regionPullCmd, regionHandoffCmd)
+	rootCmd.AddCommand(regionCmd)
+}
+
+// counterSlots is how many 8-byte counters the application keeps in
+// each chunk it writes.
+const counterSlots = 64
+
+// app is the application that moves between hosts: it writes a counter
+// into the hot chunks of whichever region it has now, and remembers the
+// last value of every chunk.
+type app struct {
+	cs, chunks int
+	interval   time.Duration
+
+	mu      sync.Mutex // held while writing; a check holds it to stop the app
+	r       *region.Region
+	v       uint64 // the last counter written
+	writes  int
+	last    []uint64
+	lastOK  time.Time // the last accepted write
+	resumed chan time.Duration
+	next    chan *region.Region
+	err     error
+}
+
+func (a *app) run(ctx context.Context) {
+	var b [8]byte
+	var waitFrom time.Time
+	for ctx.Err() == nil {
+		a.mu.Lock()
+		r := a.r
+		v := a.v + 1
+		i := int(v) % len(a.last)
+		for k := range 8 {
+			b[k] = byte(v >> (8 * k))
+		}
+		_, err := r.WriteAtContext(ctx, b[:], a.offset(i))
+		switch {
+		case err == nil:
+			a.v, a.last[i] = v, v
+			a.writes++
+			now := time.Now()
+			if !waitFrom.IsZero() {
+				a.resumed <- now.Sub(waitFrom)
+				waitFrom = time.Time{}
+			}
+			a.lastOK = now
+			a.mu.Unlock()
+		case errors.Is(err, region.ErrHandedOff):
+			waitFrom = a.lastOK
+			a.mu.Unlock()
+			select {
+			case nr := <-a.next:
+				a.mu.Lock()
+				a.r = nr
+				a.mu.Unlock()
+			case <-ctx.Done():
+				return
+			}
+			continue
+		default:
+			a.err = err
+			a.mu.Unlock()
+			return
+		}
+		select {
+		case <-time.After(a.interval):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// offset is where counter slot i lies: slots go round the chunks, so that
+// consecutive writes land in different chunks and a chunk's other slots
+// keep older values (a stale copy of a chunk shows in them).
+func (a *app) offset(i int) int64 {
+	return int64(i%a.chunks)*int64(a.cs) + int64(i/a.chunks)*8
+}
+
+// check reads every chunk of r and compares it with the last value the
+// application wrote there; the application waits meanwhile.
+func (a *app) check(r io.ReaderAt) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var b [8]byte
+	n := 0
+	for i, want := range a.last {
+		if want == 0 {
+			continue // never written: the file's own content
+		}
+		n++
+		if _, err := r.ReadAt(b[:], a.offset(i)); err != nil {
+			return 0, err
+		}
+		var got uint64
+		for k := range 8 {
+			got |= uint64(b[k]) << (8 * k)
+		}
+		if got != want {
+			return 0, fmt.Errorf("chunk %d slot %d holds %d, the application last wrote %d there: a write was lost or reordered",
+				i%a.chunks, i/a.chunks, got, want)
+		}
+	}
+	return n, nil
+}
+
+type handoffRound struct {
+	pause, took, leech                    time.Duration
+	pushed, dirty, refetched, leechPulled int64
+}
+
+func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
+	out := cmd.OutOrStdout()
+	path, size := regionHandoff.path, int64(regionHandoff.size)
+	hosts := make([]*client.Client, 2)
+	for k := range hosts {
+		h, err := newClient(cmd, client.WithCaps())
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		hosts[k] = h.WithContext(ctx)
+	}
+	_, statErr := c.Stat(path)
+	existed := statErr == nil
+	holder, err := region.Open(ctx, hosts[0], path, region.Options{Create: true, Size: size})
+	if err != nil {
+		return err
+	}
+	defer holder.Close()
+	if !regionHandoff.keep && !existed {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer cancel()
+			_ = c.WithContext(cctx).Remove(path)
+		}()
+	}
+	cs := holder.ChunkSize()
+	hot := int(min(max(int64(regionHandoff.hot), int64(cs)), holder.Size()) / int64(cs))
+	fmt.Fprintf(out, "region %s: %s, chunks of %s; the application writes a counter into %d slots of %d chunks (%s), every %v\n",
+		path, formatBytes(holder.Size()), formatBytes(int64(cs)), hot*counterSlots, hot, formatBytes(int64(hot*cs)), regionHandoff.interval)
+	a := &app{cs: cs, chunks: hot, interval: regionHandoff.interval, r: holder, last: make([]uint64, hot*counterSlots),
+		// From the clock, not from 1: a second run on the same file
+		// would write the values the first left in the same slots, and
+		// an unchanged chunk travels not at all.
+		v:       uint64(time.Now().UnixNano()),
+		resumed: make(chan time.Duration, 1), next: make(chan *region.Region)}
+	actx, stopApp := context.WithCancel(ctx)
+	appDone := make(chan struct{})
+	go func() { a.run(actx); close(appDone) }()
+	defer func() { stopApp(); <-appDone }()
+
+	var rounds []handoffRound
+	for rd := range regionHandoff.rounds {
+		to := hosts[(rd+1)%2]
+		var hr handoffRound
+		lstart := time.Now()
+		l, err := region.Leech(ctx, to, path, region.Options{})
+		if err != nil {
+			return err
+		}
+		for l.Progress().Local < l.Progress().Size {
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				l.Cancel()
+				return ctx.Err()
+			}
+		}
+		hr.leech, hr.leechPulled = time.Since(lstart), l.Progress().Pulled
+		if err := l.Ready(ctx); err != nil {
+			l.Cancel()
+			return err
+		}
+		if _, err := holder.WaitLeecher(ctx, true); err != nil {
+			l.Cancel()
+			return err
+		}
+		type taken struct {
+			r   *region.Region
+			err error
+		}
+		// The new holder resumes the application as soon as it has the
+		// region, as another host would: not after the old holder's
+		// Finalize returned (which then still frees its memory).
+		// Counted from here: the leecher fetches nothing more until its
+		// Take drops what changed.
+		pulledBefore := l.Progress().Pulled
+		tc := make(chan taken, 1)
+		go func() {
+			r, err := l.Take(ctx)
+			tk := taken{r: r, err: err}
+			if err == nil {
+				select {
+				case a.next <- r:
+				case <-appDone:
+				}
+			}
+			tc <- tk
+		}()
+		hs, err := holder.Finalize(ctx)
+		if err != nil {
+			l.Cancel()
+			return fmt.Errorf("round %d: finalize: %w", rd+1, err)
+		}
+		tk := <-tc
+		if tk.err != nil {
+			return fmt.Errorf("round %d: take: %w", rd+1, tk.err)
+		}
+		select {
+		case hr.pause = <-a.resumed:
+		case <-appDone:
+			return fmt.Errorf("round %d: the application stopped: %w", rd+1, a.err)
+		}
+		holder = tk.r
+		defer holder.Close()
+		select {
+		case <-time.After(regionHandoff.settle):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		n, err := a.check(holder)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", rd+1, err)
+		}
+		hr.took, hr.pushed, hr.dirty = hs.Took, hs.Pushed, hs.DirtySinceLeech
+		hr.refetched = holder.Progress().Pulled - pulledBefore
+		rounds = append(rounds, hr)
+		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize, %s written since the leecher came, "+
+			"%s fetched again by the new holder; leech pulled %s in %v; %d counters checked\n",
+			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.dirty),
+			formatBytes(hr.refetched), formatBytes(hr.leechPulled), round(hr.leech), n)
+	}
+	stopApp()
+	<-appDone
+	if a.err != nil {
+		return fmt.Errorf("the application's writes failed: %w", a.err)
+	}
+	if err := holder.Sync(ctx); err != nil {
+		return err
+	}
+	// The committed file, through a third session.
+	ro, err := region.Open(ctx, c, path, region.Options{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer ro.Close()
+	if err := ro.Wait(ctx); err != nil {
+		return err
+	}
+	if _, err := a.check(ro); err != nil {
+		return fmt.Errorf("committed file: %w", err)
+	}
+	pauses := make([]time.Duration, len(rounds))
+	for k, hr := range rounds {
+		pauses[k] = hr.pause
+	}
+	slices.Sort(pauses)
+	fmt.Fprintf(out, "%d writes, %d handoffs: no write lost or reordered (every counter checked after every handoff and in the committed file)\n",
+		a.writes, len(rounds))
+	if len(pauses) > 0 {
+		fmt.Fprintf(out, "pause p50 %v, p99 %v, max %v\n", round3(quantile(pauses, 0.5)), round3(quantile(pauses, 0.99)), round3(pauses[len(pauses)-1]))
+	}
+	return nil
+}
+
+func round3(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+
+// quantile of sorted durations, nearest rank.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	k := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[min(max(k, 0), len(sorted)-1)]
+}
