@@ -44,31 +44,13 @@ import (
 // jrFileBytes is how much of a new file's data the journal carries.
 const jrFileBytes = 256 << 10
 
-// exclusiveRetry is how long after a refused exclusive grant of an inode,
-// or a recall of one, the mount asks again. After a recall, another client
-// waits to apply its command once the capability is back; asked for again
-// at once, it would be recalled from that client before its command got
-// through, again and again while this mount keeps writing (a reader
-// through another mount waited most of a second for its first read).
+// exclusiveRetry is how long after a refused exclusive grant of a
+// directory the mount asks again.
 const exclusiveRetry = time.Second
 
 type exclusiveTries struct {
 	mu      sync.Mutex
 	refused map[uint64]time.Time // guarded by mu
-}
-
-// backOff keeps the mount from asking for exclusive capabilities on inos
-// for exclusiveRetry.
-func (x *exclusiveTries) backOff(inos ...uint64) {
-	now := time.Now()
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.refused == nil || len(x.refused) > 4096 {
-		x.refused = map[uint64]time.Time{}
-	}
-	for _, ino := range inos {
-		x.refused[ino] = now
-	}
 }
 
 // buffering reports whether operations may be buffered at all.
@@ -145,8 +127,8 @@ func (o *ClientOps) wantExclusive(ctx context.Context, dirs ...uint64) {
 // whether it holds one. While it does, another client's read of the file
 // recalls it, and the release first commits those writes (releasing), so
 // that read sees every byte written before it began; without one, the
-// writes must commit before they are answered. After a refusal or a
-// recall it is not asked for again for a second.
+// writes must commit before they are answered. A refusal is not asked
+// again for a second.
 func (o *ClientOps) holdForWrite(ctx context.Context, ino uint64) bool {
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
@@ -155,7 +137,7 @@ func (o *ClientOps) holdForWrite(ctx context.Context, ino uint64) bool {
 
 // holdExclusive reports whether this mount holds an exclusive capability
 // on ino, asking the cluster for one when it does not, at most once a
-// second after a refusal or a recall.
+// second after a refusal.
 func (o *ClientOps) holdExclusive(ctx context.Context, ino uint64) bool {
 	if _, ok := o.meta.caps.ExclusiveEpoch(ino); ok {
 		return true
@@ -171,7 +153,12 @@ func (o *ClientOps) holdExclusive(ctx context.Context, ino uint64) bool {
 			return true
 		}
 	}
-	o.excl.backOff(ino)
+	o.excl.mu.Lock()
+	if len(o.excl.refused) > 4096 {
+		clear(o.excl.refused)
+	}
+	o.excl.refused[ino] = time.Now()
+	o.excl.mu.Unlock()
 	return false
 }
 

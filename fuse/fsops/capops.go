@@ -102,7 +102,6 @@ func (o *ClientOps) pinEntry(ctx context.Context, parent uint64, name string) {
 // where it does not check its pages against the attributes.
 func (o *ClientOps) recalled(inos []uint64) {
 	o.stats.recalls.Add(uint64(len(inos)))
-	o.excl.backOff(inos...)
 	names := o.meta.forget(inos...)
 	ctx, cancel := o.bound(context.Background())
 	defer cancel()
