@@ -253,28 +253,41 @@ func swapIno(v, root uint64) uint64 {
 }
 
 func swapIn(m protoreflect.Message, root uint64) {
+	eachField(m, inodeFields, func(v uint64) (uint64, bool) { return swapIno(v, root), true })
+}
+
+// eachField calls fn with the value of every field of m, and of the
+// messages in it, named in fields, and sets the field to what fn returns
+// when that differs; it stops, reporting false, once fn reports false.
+func eachField(m protoreflect.Message, fields map[protoreflect.FullName]bool, fn func(uint64) (uint64, bool)) bool {
+	ok := true
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case fd.Kind() == protoreflect.MessageKind && fd.IsList():
 			l := v.List()
-			for i := range l.Len() {
-				swapIn(l.Get(i).Message(), root)
+			for i := 0; ok && i < l.Len(); i++ {
+				ok = eachField(l.Get(i).Message(), fields, fn)
 			}
 		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
-			swapIn(v.Message(), root)
-		case !inodeFields[fd.FullName()]:
+			ok = eachField(v.Message(), fields, fn)
+		case !fields[fd.FullName()]:
 		case fd.IsList():
 			l := v.List()
-			for i := range l.Len() {
-				l.Set(i, protoreflect.ValueOfUint64(swapIno(l.Get(i).Uint(), root)))
+			for i := 0; ok && i < l.Len(); i++ {
+				var w uint64
+				if w, ok = fn(l.Get(i).Uint()); w != l.Get(i).Uint() {
+					l.Set(i, protoreflect.ValueOfUint64(w))
+				}
 			}
 		default:
-			if w := swapIno(v.Uint(), root); w != v.Uint() {
+			var w uint64
+			if w, ok = fn(v.Uint()); w != v.Uint() {
 				m.Set(fd, protoreflect.ValueOfUint64(w))
 			}
 		}
-		return true
+		return ok
 	})
+	return ok
 }
 
 // namedFields are the inode fields of a request that name an existing
@@ -316,28 +329,7 @@ func (f *FSM) Outside(root, owner string, m proto.Message) error {
 }
 
 func eachNamed(m protoreflect.Message, fn func(uint64) bool) bool {
-	ok := true
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.Kind() == protoreflect.MessageKind && fd.IsList():
-			l := v.List()
-			for i := 0; ok && i < l.Len(); i++ {
-				ok = eachNamed(l.Get(i).Message(), fn)
-			}
-		case fd.Kind() == protoreflect.MessageKind && !fd.IsMap():
-			ok = eachNamed(v.Message(), fn)
-		case !namedFields[fd.FullName()]:
-		case fd.IsList():
-			l := v.List()
-			for i := 0; ok && i < l.Len(); i++ {
-				ok = fn(l.Get(i).Uint())
-			}
-		default:
-			ok = fn(v.Uint())
-		}
-		return ok
-	})
-	return ok
+	return eachField(m, namedFields, func(v uint64) (uint64, bool) { return v, fn(v) })
 }
 
 // Confined returns what a client confined to root may see of ev, in its
