@@ -13,8 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/memoryfs/memfs/fsm"
-	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/fsm/block"
+	pb "github.com/memoryfs/memfs/proto"
 )
 
 // metrics are one node's Prometheus metrics, all declared here. Each node
