@@ -76,6 +76,7 @@ type Cluster struct {
 	conns map[string]*grpc.ClientConn
 
 	certDir string // WithTLS: the cluster's certificates
+	dir     string // the nodes' data directories are made in it
 	ca      *pki.Pair
 	tlsCtx  context.Context
 	stopTLS context.CancelFunc // ends the sources' Watch
@@ -104,6 +105,10 @@ func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 		ctx, cancel := context.WithCancel(context.Background())
 		c.tlsCtx, c.stopTLS = ctx, cancel
 	}
+	// Made before Shutdown is registered, so removed after it runs
+	// (cleanups run last first): a node still running would write into
+	// a directory being removed.
+	c.dir = t.TempDir()
 	t.Cleanup(c.Shutdown)
 	c.startNode(0, nil)
 	c.WaitLeader(30 * time.Second)
@@ -124,8 +129,12 @@ func testLogger() *slog.Logger {
 
 func (c *Cluster) newConfig(i int) Config {
 	id := fmt.Sprintf("n%d", i+1)
+	dir, err := os.MkdirTemp(c.dir, id+"-")
+	if err != nil {
+		c.t.Fatalf("data directory: %v", err)
+	}
 	cfg := Config{
-		ID: id, DataDir: filepath.Join(c.t.TempDir(), id),
+		ID: id, DataDir: filepath.Join(dir, id),
 		RaftAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		Logger: testLogger(), RaftLogLevel: os.Getenv("MEMFS_TEST_RAFT_LOG"),
 	}
