@@ -37,16 +37,16 @@ func (mb *memBlocks) PutBlock(h block.Hash, data []byte) error {
 	return nil
 }
 
-func (mb *memBlocks) Blocks(_ context.Context, want []fsm.BlockWant) (map[block.Hash]*block.Block, error) {
+func (mb *memBlocks) Blocks(_ context.Context, want []fsm.BlockWant) (map[block.Hash][]byte, error) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	mb.asked = append(mb.asked, want...)
-	out := map[block.Hash]*block.Block{}
+	out := map[block.Hash][]byte{}
 	for _, w := range want {
 		if d, ok := mb.broken[w.Hash]; ok {
-			out[w.Hash] = block.NewBlock(4096, w.Hash, d)
+			out[w.Hash] = d
 		} else if d, ok := mb.m[w.Hash]; ok {
-			out[w.Hash] = block.NewBlock(4096, w.Hash, d)
+			out[w.Hash] = d
 		}
 	}
 	return out, nil
@@ -156,7 +156,7 @@ func TestExternalRestoreRefusals(t *testing.T) {
 
 type failingSource struct{}
 
-func (failingSource) Blocks(context.Context, []fsm.BlockWant) (map[block.Hash]*block.Block, error) {
+func (failingSource) Blocks(context.Context, []fsm.BlockWant) (map[block.Hash][]byte, error) {
 	return nil, errors.New("boom")
 }
 

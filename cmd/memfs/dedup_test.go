@@ -17,11 +17,9 @@ import (
 	"github.com/memoryfs/memfs/server"
 )
 
-func randomData(n int, seed ...byte) []byte {
-	var key [32]byte
-	copy(key[copy(key[:], seed):], []byte{6, 6})
+func randomData(n int, seed byte) []byte {
 	b := make([]byte, n)
-	_, _ = rand.NewChaCha8(key).Read(b)
+	_, _ = rand.NewChaCha8([32]byte{seed, 6, 6}).Read(b)
 	return b
 }
 
