@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/test/procs"
 )
 
 var (
@@ -29,7 +30,8 @@ var (
 	buildErr  error
 )
 
-// memfsBinary builds this command once per test run into a temp dir.
+// memfsBinary builds this command once per test run, as the process tests
+// build it (procs.Build).
 func memfsBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -38,11 +40,7 @@ func memfsBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		builtPath = filepath.Join(dir, "memfs")
-		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		builtPath, buildErr = procs.Build(dir)
 	})
 	require.NoError(t, buildErr)
 	return builtPath
