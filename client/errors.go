@@ -36,23 +36,46 @@ func linkErr(op, oldname, newname string, err error) error {
 	return &os.LinkError{Op: op, Old: oldname, New: newname, Err: err}
 }
 
-// Errno returns the POSIX error number an error from this package stands
-// for, for callers that must answer with one (a FUSE file system): the
-// errno a node returned, EINTR for a cancelled call, ETIMEDOUT for one that
-// ran out of time, EIO for anything else. It returns 0 for a nil error.
+// Errno is the one place where an error of this package becomes the errno
+// a system call returns, for callers that must answer with one (the FUSE
+// mount, the test workloads):
+//
+//   - nil is 0;
+//   - a syscall.Errno anywhere in the chain is kept (the cluster reports
+//     POSIX errnos end to end), except 0, which is never success here;
+//   - a closed file is EBADF;
+//   - a cancelled call is EINTR;
+//   - a call that ran out of its time is EIO: the cluster could not be
+//     reached, which a program reading a file knows as a failed device
+//     (an NFS mount answers the same); errors.Is(err,
+//     context.DeadlineExceeded) still tells a Go caller why;
+//   - the io/fs sentinel errors get their usual errnos;
+//   - anything else is EIO.
 func Errno(err error) syscall.Errno {
-	var errno syscall.Errno
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &errno):
+	}
+	if errno := syscall.Errno(0); errors.As(err, &errno) {
+		if errno == 0 {
+			return syscall.EIO
+		}
 		return errno
+	}
+	switch {
 	case errors.Is(err, fs.ErrClosed):
 		return syscall.EBADF
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
 	case errors.Is(err, context.DeadlineExceeded):
-		return syscall.ETIMEDOUT
+		return syscall.EIO
+	case errors.Is(err, fs.ErrNotExist):
+		return syscall.ENOENT
+	case errors.Is(err, fs.ErrExist):
+		return syscall.EEXIST
+	case errors.Is(err, fs.ErrPermission):
+		return syscall.EACCES
+	case errors.Is(err, fs.ErrInvalid):
+		return syscall.EINVAL
 	}
 	return syscall.EIO
 }
