@@ -242,6 +242,11 @@ func TestUpMount(t *testing.T) {
 
 	p.stop(t)
 	require.False(t, mounted(t, mnt), "stopping up unmounts")
+	// The mount's log lines went to its log file, not into up's output.
+	require.NotContains(t, p.out.String(), "GC headroom tuned")
+	log, err := os.ReadFile(filepath.Join(dir, "data", "mount.log"))
+	require.NoError(t, err)
+	require.Contains(t, string(log), "GC headroom tuned")
 }
 
 // writeSynced writes content to a new file p and fsyncs it.
