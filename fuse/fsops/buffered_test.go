@@ -247,6 +247,33 @@ func TestBufferedLinkLimit(t *testing.T) {
 	require.EqualValues(t, maxLinks, a.Nlink)
 }
 
+// TestBufferedSyncOfLongJournal: an fsync commits a journal that takes
+// longer than one operation's time limit, as long as its batches keep
+// committing; the limit is for a cluster that stops answering.
+func TestBufferedSyncOfLongJournal(t *testing.T) {
+	// Small batches, so that the journal is still seconds long when the
+	// creates are done.
+	ops, _, other := newCapOpsWith(t, Options{Buffered: true, Journal: client.JournalOptions{MaxAge: time.Hour, MaxOps: 8}})
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	const files = 5000
+	for i := range files {
+		a, out, e := ops.Create(ctx, d.Ino, fmt.Sprintf("f%05d", i), syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+		require.Zero(t, e)
+		require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	}
+	ops.opt.OpTimeout = 200 * time.Millisecond
+	start := time.Now()
+	require.Zero(t, ops.Fsync(ctx, d.Ino))
+	t.Logf("committed %d creates in %v", files, time.Since(start))
+	_, _, failed := ops.jr.Stats()
+	require.Zero(t, failed)
+	ents, err := other.ReadDir("/t")
+	require.NoError(t, err)
+	require.Len(t, ents, files)
+}
+
 // TestBufferedSetAttrOfNothing: a setattr that changes nothing (chown
 // with owner and group -1) leaves the change time, as the cluster does
 // with such a command, so the mount never answers a ctime the cluster
