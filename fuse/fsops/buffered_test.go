@@ -367,3 +367,38 @@ func TestStatOfHeldWritesAnsweredLocally(t *testing.T) {
 	require.EqualValues(t, len(big)+4, st.Size())
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
+
+// TestOlderWriteResultAfterNewerKeepsNewer: two write-behind commits of one
+// handle may apply in the cluster in the other order than their answers
+// come back. When the newer answer came first and a third commit began
+// before the older answer arrived, the older one (a smaller size, an
+// earlier change time) must not replace the newer as the base a stat is
+// answered from: fsx saw the file shrink to the older size.
+func TestOlderWriteResultAfterNewerKeepsNewer(t *testing.T) {
+	ops, _, _ := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	big := make([]byte, jrFileBytes+64<<10)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, big)
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	cur, e := ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	h := ops.file(out.Handle).handle
+
+	attr := func(size uint64, ctime time.Time) *pb.Attr {
+		return &pb.Attr{Ino: a.Ino, Mode: cur.Mode, Nlink: cur.Nlink, Size: size, CtimeNs: ctime.UnixNano(), MtimeNs: ctime.UnixNano()}
+	}
+	older, newer := cur.Ctime.Add(time.Millisecond), cur.Ctime.Add(2*time.Millisecond)
+	first := ops.meta.commitBy(a.Ino, h)  // extends the file; applied second
+	second := ops.meta.commitBy(a.Ino, h) // within the file; applied first
+	ops.meta.committed(a.Ino, attr(cur.Size+100, newer), first)
+	ops.meta.commitBy(a.Ino, h) // a third write is sent
+	ops.meta.committed(a.Ino, attr(cur.Size, older), second)
+	base, ok := ops.meta.writingBase(a.Ino)
+	require.True(t, ok)
+	require.EqualValues(t, cur.Size+100, base.Size, "the older answer replaced the newer")
+}
