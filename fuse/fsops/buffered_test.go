@@ -257,7 +257,7 @@ func TestBufferedSyncOfLongJournal(t *testing.T) {
 	ctx := context.Background()
 	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
 	require.Zero(t, e)
-	const files = 5000
+	const files = 2000
 	for i := range files {
 		a, out, e := ops.Create(ctx, d.Ino, fmt.Sprintf("f%05d", i), syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
 		require.Zero(t, e)
