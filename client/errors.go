@@ -178,6 +178,8 @@ func queryName(q *pb.Query) (string, *pb.Loc) {
 		return "usage", v.Usage.GetLoc()
 	case *pb.Query_Lock:
 		return "getlk", &pb.Loc{Ino: v.Lock.GetIno()}
+	case *pb.Query_Seek:
+		return "lseek", v.Seek.GetLoc()
 	}
 	return "query", nil
 }

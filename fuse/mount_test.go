@@ -27,7 +27,13 @@ import (
 func TestPOSIXAgainstTmpfs(t *testing.T) {
 	cl := startCluster(t, 3)
 	m := mountOn(t, cl.APIAddrs(), Options{})
-	posixtest.Compare(t, m.Dir(), posixtest.RefDir(t), 2*time.Minute)
+	var names []string
+	if testBinding == "bazil" {
+		// bazil.org/fuse answers FUSE_LSEEK with ENOSYS, after which the
+		// kernel reports the whole file as data (TestBazilSeeksWithoutHoles).
+		names = posixtest.CaseNames(posixtest.LseekCases...)
+	}
+	posixtest.Compare(t, m.Dir(), posixtest.RefDir(t), 2*time.Minute, names...)
 }
 
 // TestMountReportsItself checks the mount table entry and statfs.
