@@ -3531,7 +3531,14 @@ type Entry struct {
 	// same writes with ENOSPC whatever its own configuration: 0 keeps the
 	// budget in force (the replica's configured one until an entry sets
 	// one), 2^64-1 means no budget.
-	MemoryLimit   uint64 `protobuf:"varint,4,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
+	MemoryLimit uint64 `protobuf:"varint,4,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
+	// renew_first: the sessions of the entry's commands are renewed at
+	// time_ns before any lease is found run out, so a command that reached
+	// the leader while its session was live keeps the session however long
+	// the entry then waited to form (a stalled log store, a long queue).
+	// Leaders set it; an entry without it expires leases first, as entries
+	// of older leaders did.
+	RenewFirst    bool `protobuf:"varint,85,opt,name=renew_first,json=renewFirst,proto3" json:"renew_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3592,6 +3599,13 @@ func (x *Entry) GetMemoryLimit() uint64 {
 		return x.MemoryLimit
 	}
 	return 0
+}
+
+func (x *Entry) GetRenewFirst() bool {
+	if x != nil {
+		return x.RenewFirst
+	}
+	return false
 }
 
 // Result is the outcome of one command or query. errno 0 is success;
@@ -6672,12 +6686,14 @@ const file_memfs_proto_rawDesc = "" +
 	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevoke\x12*\n" +
 	"\x05leech\x18< \x01(\v2\x12.memfs.v1.LeechCmdH\x00R\x05leech\x120\n" +
 	"\ahandoff\x18= \x01(\v2\x14.memfs.v1.HandoffCmdH\x00R\ahandoffB\x04\n" +
-	"\x02op\"\x8c\x01\n" +
+	"\x02op\"\xad\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x93\x06\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\x12\x1f\n" +
+	"\vrenew_first\x18U \x01(\bR\n" +
+	"renewFirst\"\x93\x06\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +

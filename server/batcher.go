@@ -214,7 +214,10 @@ func (b *batcher) send(batch []*applyReq, small bool) {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
 	}
 	b.lastTime = now
-	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit,
+	// RenewFirst: each command reached this leader before now, so its
+	// session is renewed before leases are checked at now; a stalled log
+	// store does not end the sessions whose keepalives wait here.
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit, RenewFirst: true,
 		Commands: make([]*pb.Command, len(batch))}
 	for i, r := range batch {
 		entry.Commands[i] = r.cmd
