@@ -68,3 +68,33 @@ const (
 	seekData = 3
 	seekHole = 4
 )
+
+// TestStickyBitShown: stat shows S_ISVTX on a directory and a file, after
+// chmod and through a second mount that never saw them (a fresh lookup),
+// through either binding (bazil.org/fuse drops the bit from its own
+// replies; the bazil binding answers GETATTR of a sticky inode itself).
+func TestStickyBitShown(t *testing.T) {
+	cl := startCluster(t, 1)
+	m := mountOn(t, cl.APIAddrs(), Options{})
+	d, f := filepath.Join(m.Dir(), "d"), filepath.Join(m.Dir(), "d", "f")
+	require.NoError(t, syscall.Mkdir(d, 0o755))
+	require.NoError(t, syscall.Chmod(d, 0o1777))
+	fd, err := syscall.Open(f, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_CLOEXEC, 0o644)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Close(fd))
+	require.NoError(t, syscall.Chmod(f, 0o1644))
+	mode := func(p string) uint32 {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Lstat(p, &st))
+		return st.Mode & 0o7777
+	}
+	require.Equal(t, uint32(0o1777), mode(d))
+	require.Equal(t, uint32(0o1644), mode(f))
+	other := mountOn(t, cl.APIAddrs(), Options{})
+	require.Equal(t, uint32(0o1777), mode(filepath.Join(other.Dir(), "d")))
+	require.Equal(t, uint32(0o1644), mode(filepath.Join(other.Dir(), "d", "f")))
+	require.NoError(t, syscall.Chmod(f, 0o644))
+	require.Equal(t, uint32(0o644), mode(f))
+	require.NoError(t, syscall.Chmod(d, 0o755))
+	require.Equal(t, uint32(0o755), mode(d))
+}
