@@ -183,3 +183,41 @@ func TestSessionSurvivesFrozenConnection(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "before during after", string(data))
 }
+
+// TestSessionSurvivesLeaderlessGap: two of three nodes are down for more
+// than two leases, so there is no leader, and the client is cut off from
+// the cluster. The new leader's first entry (here another client's mkdir)
+// renews every session, so the client's session is still there when it
+// reaches the cluster again, and its handle works.
+func TestSessionSurvivesLeaderlessGap(t *testing.T) {
+	const lease = 2 * time.Second
+	c := server.StartCluster(t, 3)
+	g := &gate{}
+	cl := connect(t, c, client.WithLease(lease), client.WithDialer(g.dial))
+	observer := connect(t, c)
+	f, err := cl.Create("/held")
+	require.NoError(t, err)
+	_, err = f.Write([]byte("before "))
+	require.NoError(t, err)
+	old := cl.Session()
+
+	g.set(true)
+	c.Kill(0)
+	c.Kill(1)
+	time.Sleep(5 * lease / 2) // the gap itself: no leader for two and a half leases
+	c.Restart(0)
+	c.Restart(1)
+	require.NoError(t, observer.Mkdir("/after-gap", 0o755)) // an entry of the new leader
+	st, err := observer.Status(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 2, int(st.Sessions), "the cut-off client's session ended at the new leader's first entry")
+	g.set(false)
+
+	_, err = f.Write([]byte("after"))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.Equal(t, old, cl.Session())
+	data, err := cl.ReadFile("/held")
+	require.NoError(t, err)
+	require.Equal(t, "before after", string(data))
+}

@@ -355,6 +355,20 @@ func (t *tx) renewSessions(cmds []*pb.Command) {
 	}
 }
 
+// renewAllSessions renews every session's lease at the entry's time: the
+// first entries of a new leader, so that the time without one counts
+// against no lease.
+func (t *tx) renewAllSessions() {
+	var all []*session
+	t.sessions.root().Walk(func(_ []byte, s *session) bool {
+		all = append(all, s)
+		return false
+	})
+	for _, s := range all {
+		t.sessMut(s).expires = leaseEnd(t.now, s.leaseMs)
+	}
+}
+
 // expireSessions ends every session whose lease ran out by the entry's
 // time. minLease keeps the common case (nothing due) to one comparison;
 // renewals only push leases later, so it stays a lower bound.

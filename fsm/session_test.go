@@ -242,3 +242,23 @@ func TestRenewFirstKeepsQueuedSession(t *testing.T) {
 		})
 	}
 }
+
+// TestRenewAllAfterLeaderless: a new leader's entries marked renew_all
+// renew every session at their time, so the time without a leader counts
+// against no lease; the next lease is counted from that entry.
+func TestRenewAllAfterLeaderless(t *testing.T) {
+	h := ft.New(t, fsm.Config{ChunkSize: cs})
+	a := h.Must(ft.OpenSession(1000)).Session
+	b := h.Must(ft.OpenSession(3000)).Session
+	h.Advance(10 * time.Second) // no leader meanwhile
+	e := ft.Entry(h.Time, ft.Tick())
+	e.RenewAll = true
+	h.Index++
+	h.F.Apply(h.Index, e)
+	require.Equal(t, uint64(2), h.F.Stats().Sessions)
+	h.Advance(1500 * time.Millisecond)
+	h.Must(ft.Tick())
+	require.Equal(t, uint64(1), h.F.Stats().Sessions, "a's lease ran out a lease after the renewal")
+	require.Zero(t, h.Do(inSession(b, 0, ft.KeepAlive())).Errno)
+	require.Equal(t, syscall.ESTALE, errnoOf(h.Do(inSession(a, 0, ft.KeepAlive()))))
+}

@@ -3538,7 +3538,12 @@ type Entry struct {
 	// the entry then waited to form (a stalled log store, a long queue).
 	// Leaders set it; an entry without it expires leases first, as entries
 	// of older leaders did.
-	RenewFirst    bool `protobuf:"varint,85,opt,name=renew_first,json=renewFirst,proto3" json:"renew_first,omitempty"`
+	RenewFirst bool `protobuf:"varint,85,opt,name=renew_first,json=renewFirst,proto3" json:"renew_first,omitempty"`
+	// renew_all: every session is renewed at time_ns before leases are
+	// checked. A leader sets it on its entries until one of them commits in
+	// its term, so the time without a leader (an election, a restart of the
+	// whole cluster) counts against no lease.
+	RenewAll      bool `protobuf:"varint,86,opt,name=renew_all,json=renewAll,proto3" json:"renew_all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3604,6 +3609,13 @@ func (x *Entry) GetMemoryLimit() uint64 {
 func (x *Entry) GetRenewFirst() bool {
 	if x != nil {
 		return x.RenewFirst
+	}
+	return false
+}
+
+func (x *Entry) GetRenewAll() bool {
+	if x != nil {
+		return x.RenewAll
 	}
 	return false
 }
@@ -6686,14 +6698,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevoke\x12*\n" +
 	"\x05leech\x18< \x01(\v2\x12.memfs.v1.LeechCmdH\x00R\x05leech\x120\n" +
 	"\ahandoff\x18= \x01(\v2\x14.memfs.v1.HandoffCmdH\x00R\ahandoffB\x04\n" +
-	"\x02op\"\xad\x01\n" +
+	"\x02op\"\xca\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
 	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\x12\x1f\n" +
 	"\vrenew_first\x18U \x01(\bR\n" +
-	"renewFirst\"\x93\x06\n" +
+	"renewFirst\x12\x1b\n" +
+	"\trenew_all\x18V \x01(\bR\brenewAll\"\x93\x06\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
