@@ -1,16 +1,11 @@
 # MemoryFS build and test entry points. `make test` is what CI runs.
 GO      ?= go
 BIN     ?= bin/memfs
-PKGS_RACE = ./fsm/... ./server/... ./client/... ./fuse/...
 
-.PHONY: build up test check vet race unit fuzz-seeds proto clean
+.PHONY: build test check vet proto clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/memfs
-
-# A local three-node cluster on loopback; Ctrl-C stops it.
-up: build
-	./$(BIN) up --nodes 3
 
 test:
 	./scripts/test.sh

@@ -6,7 +6,10 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -36,23 +39,46 @@ func linkErr(op, oldname, newname string, err error) error {
 	return &os.LinkError{Op: op, Old: oldname, New: newname, Err: err}
 }
 
-// Errno returns the POSIX error number an error from this package stands
-// for, for callers that must answer with one (a FUSE file system): the
-// errno a node returned, EINTR for a cancelled call, ETIMEDOUT for one that
-// ran out of time, EIO for anything else. It returns 0 for a nil error.
+// Errno is the one place where an error of this package becomes the errno
+// a system call returns, for callers that must answer with one (the FUSE
+// mount, the test workloads):
+//
+//   - nil is 0;
+//   - a syscall.Errno anywhere in the chain is kept (the cluster reports
+//     POSIX errnos end to end), except 0, which is never success here;
+//   - a closed file is EBADF;
+//   - a cancelled call is EINTR;
+//   - a call that ran out of its time is EIO: the cluster could not be
+//     reached, which a program reading a file knows as a failed device
+//     (an NFS mount answers the same); errors.Is(err,
+//     context.DeadlineExceeded) still tells a Go caller why;
+//   - the io/fs sentinel errors get their usual errnos;
+//   - anything else is EIO.
 func Errno(err error) syscall.Errno {
-	var errno syscall.Errno
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &errno):
+	}
+	if errno := syscall.Errno(0); errors.As(err, &errno) {
+		if errno == 0 {
+			return syscall.EIO
+		}
 		return errno
+	}
+	switch {
 	case errors.Is(err, fs.ErrClosed):
 		return syscall.EBADF
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
 	case errors.Is(err, context.DeadlineExceeded):
-		return syscall.ETIMEDOUT
+		return syscall.EIO
+	case errors.Is(err, fs.ErrNotExist):
+		return syscall.ENOENT
+	case errors.Is(err, fs.ErrExist):
+		return syscall.EEXIST
+	case errors.Is(err, fs.ErrPermission):
+		return syscall.EACCES
+	case errors.Is(err, fs.ErrInvalid):
+		return syscall.EINVAL
 	}
 	return syscall.EIO
 }
@@ -70,59 +96,20 @@ func locName(l *pb.Loc) string {
 	}
 }
 
-// opName names a command for error messages and logs.
+// opName names a command for error messages and logs: its field in the
+// Command oneof, as "setattr" for set_attr.
 func opName(cmd *pb.Command) string {
-	switch cmd.GetOp().(type) {
-	case *pb.Command_Open:
-		return "open"
-	case *pb.Command_Close:
-		return "close"
-	case *pb.Command_Write:
-		return "write"
-	case *pb.Command_Mkdir:
-		return "mkdir"
-	case *pb.Command_Remove:
-		return "remove"
-	case *pb.Command_Rename:
-		return "rename"
-	case *pb.Command_SetAttr:
-		return "setattr"
-	case *pb.Command_Symlink:
-		return "symlink"
-	case *pb.Command_Link:
-		return "link"
-	case *pb.Command_SetXattr:
-		return "setxattr"
-	case *pb.Command_RemoveXattr:
-		return "removexattr"
-	case *pb.Command_Clone:
-		return "clone"
-	case *pb.Command_OpenSession:
-		return "open session"
-	case *pb.Command_KeepAlive:
-		return "keepalive"
-	case *pb.Command_CloseSession:
-		return "close session"
-	case *pb.Command_Mknod:
-		return "mknod"
-	case *pb.Command_Grant:
-		return "grant"
-	case *pb.Command_Release:
-		return "release"
-	case *pb.Command_ReserveInodes:
-		return "reserve inodes"
-	case *pb.Command_Batch:
-		return "batch"
-	case *pb.Command_Touch:
-		return "touch"
-	case *pb.Command_Lock:
-		return "lock"
-	case *pb.Command_TokenCreate:
-		return "token create"
-	case *pb.Command_TokenRevoke:
-		return "token revoke"
+	return oneofName(cmd.ProtoReflect(), "op", "command")
+}
+
+// oneofName is the name of the field set in m's oneof, without its
+// underscores, or none when no field is set.
+func oneofName(m protoreflect.Message, oneof protoreflect.Name, none string) string {
+	fd := m.WhichOneof(m.Descriptor().Oneofs().ByName(oneof))
+	if fd == nil {
+		return none
 	}
-	return "command"
+	return strings.ReplaceAll(string(fd.Name()), "_", "")
 }
 
 // cmdLoc returns the file a command is about, for error messages.
@@ -156,30 +143,29 @@ func cmdLoc(cmd *pb.Command) *pb.Loc {
 	return nil
 }
 
+// queryName names a query for error messages, as opName does a command,
+// and gives the file it is about.
 func queryName(q *pb.Query) (string, *pb.Loc) {
+	name := oneofName(q.ProtoReflect(), "q", "query")
 	switch v := q.GetQ().(type) {
 	case *pb.Query_Stat:
-		return "stat", v.Stat.GetLoc()
+		return name, v.Stat.GetLoc()
 	case *pb.Query_Read:
-		return "read", v.Read.GetLoc()
+		return name, v.Read.GetLoc()
 	case *pb.Query_ReadDir:
-		return "readdir", v.ReadDir.GetLoc()
+		return name, v.ReadDir.GetLoc()
 	case *pb.Query_Readlink:
-		return "readlink", v.Readlink.GetLoc()
+		return name, v.Readlink.GetLoc()
 	case *pb.Query_GetXattr:
-		return "getxattr", v.GetXattr.GetLoc()
+		return name, v.GetXattr.GetLoc()
 	case *pb.Query_ListXattr:
-		return "listxattr", v.ListXattr.GetLoc()
-	case *pb.Query_Statfs:
-		return "statfs", nil
-	case *pb.Query_Handle:
-		return "wait", nil
+		return name, v.ListXattr.GetLoc()
 	case *pb.Query_Usage:
-		return "usage", v.Usage.GetLoc()
+		return name, v.Usage.GetLoc()
 	case *pb.Query_Lock:
-		return "getlk", &pb.Loc{Ino: v.Lock.GetIno()}
+		return name, &pb.Loc{Ino: v.Lock.GetIno()}
 	case *pb.Query_Seek:
-		return "lseek", v.Seek.GetLoc()
+		return name, v.Seek.GetLoc()
 	}
-	return "query", nil
+	return name, nil
 }

@@ -93,14 +93,14 @@ func (c *Client) OpenFileContext(ctx context.Context, name string, flag int, per
 		h = 0
 	}
 	if err != nil {
-		return nil, renamePathErr(err, "open", name)
+		return nil, withPath(err, "open", name)
 	}
 	return &File{c: c, name: name, h: h, ino: attr.GetIno(), flag: flag}, nil
 }
 
-// renamePathErr sets the op and path of the *fs.PathError in err to what
-// the caller asked for.
-func renamePathErr(err error, op, name string) error {
+// withPath makes err (nil stays nil) an *fs.PathError naming op and name:
+// the one in its chain gets them, or a new one wraps it.
+func withPath(err error, op, name string) error {
 	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		pe.Op, pe.Path = op, name
 		return err
@@ -139,7 +139,7 @@ func (f *File) Read(p []byte) (int, error) {
 	n, err := f.c.ReadHandle(f.c.ctx, f.h, f.off, p)
 	f.off += int64(n)
 	if err != nil {
-		return n, renamePathErr(err, "read", f.name)
+		return n, withPath(err, "read", f.name)
 	}
 	if n == 0 {
 		return 0, io.EOF
@@ -158,7 +158,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n, err := f.c.ReadHandle(f.c.ctx, f.h, off, p)
 	if err != nil {
-		return n, renamePathErr(err, "read", f.name)
+		return n, withPath(err, "read", f.name)
 	}
 	if n < len(p) {
 		return n, io.EOF
@@ -188,7 +188,7 @@ func (f *File) Write(p []byte) (int, error) {
 		f.off += int64(n)
 	}
 	if err != nil {
-		return n, renamePathErr(err, "write", f.name)
+		return n, withPath(err, "write", f.name)
 	}
 	if n < len(p) {
 		return n, pathErr("write", f.name, io.ErrShortWrite)
@@ -213,7 +213,7 @@ func (f *File) WriteAt(p []byte, off int64) (int, error) {
 	}
 	n, _, err := f.c.WriteHandle(f.c.ctx, f.h, off, p)
 	if err != nil {
-		return n, renamePathErr(err, "write", f.name)
+		return n, withPath(err, "write", f.name)
 	}
 	if n < len(p) {
 		return n, pathErr("write", f.name, io.ErrShortWrite)
@@ -236,7 +236,7 @@ func (f *File) Seek(offset int64, whence int) (int64, error) {
 	case io.SeekEnd:
 		a, err := f.c.GetAttr(f.c.ctx, f.ino)
 		if err != nil {
-			return 0, renamePathErr(err, "seek", f.name)
+			return 0, withPath(err, "seek", f.name)
 		}
 		base = int64(a.GetSize())
 	default:
@@ -256,7 +256,7 @@ func (f *File) Stat() (fs.FileInfo, error) {
 	}
 	a, err := f.c.GetAttr(f.c.ctx, f.ino)
 	if err != nil {
-		return nil, renamePathErr(err, "stat", f.name)
+		return nil, withPath(err, "stat", f.name)
 	}
 	return fileInfo{name: path.Base(f.name), a: a}, nil
 }
@@ -269,14 +269,7 @@ func (f *File) Truncate(size int64) error {
 	_, err := f.c.SetAttr(f.c.ctx, &pb.SetAttrCmd{
 		Loc: &pb.Loc{Ino: f.ino}, Handle: f.h, Valid: uint32(pb.SetAttrBit_SET_SIZE), Size: size,
 	})
-	return err2(err, "truncate", f.name)
-}
-
-func err2(err error, op, name string) error {
-	if err == nil {
-		return nil
-	}
-	return renamePathErr(err, op, name)
+	return withPath(err, "truncate", f.name)
 }
 
 // Sync returns once every write made through f has been committed. Since a
@@ -299,7 +292,7 @@ func (f *File) ReadDir(n int) ([]fs.DirEntry, error) {
 		return f.c.listDir(f.c.ctx, &pb.Loc{Ino: f.ino})
 	})
 	if err != nil && !errors.Is(err, io.EOF) {
-		return ents, renamePathErr(err, "readdir", f.name)
+		return ents, withPath(err, "readdir", f.name)
 	}
 	return ents, err
 }
@@ -315,5 +308,5 @@ func (f *File) Close() error {
 	if f.h == 0 {
 		return nil
 	}
-	return err2(f.c.CloseHandle(f.c.ctx, f.h), "close", f.name)
+	return withPath(f.c.CloseHandle(f.c.ctx, f.h), "close", f.name)
 }

@@ -45,7 +45,7 @@ func (f *fsys) Open(name string) (fs.File, error) {
 	}
 	a, err := f.c.stat(f.c.ctx, "open", &pb.Loc{Path: p})
 	if err != nil {
-		return nil, renamePathErr(err, "open", name)
+		return nil, withPath(err, "open", name)
 	}
 	info := fileInfo{name: path.Base(p), a: a}
 	if info.IsDir() {
@@ -60,7 +60,7 @@ func (f *fsys) Stat(name string) (fs.FileInfo, error) {
 		return nil, err
 	}
 	fi, err := f.c.statInfo(f.c.ctx, "stat", p, false)
-	return fi, err2(err, "stat", name)
+	return fi, withPath(err, "stat", name)
 }
 
 func (f *fsys) Lstat(name string) (fs.FileInfo, error) {
@@ -69,7 +69,7 @@ func (f *fsys) Lstat(name string) (fs.FileInfo, error) {
 		return nil, err
 	}
 	fi, err := f.c.statInfo(f.c.ctx, "lstat", p, true)
-	return fi, err2(err, "lstat", name)
+	return fi, withPath(err, "lstat", name)
 }
 
 func (f *fsys) ReadLink(name string) (string, error) {
@@ -78,7 +78,7 @@ func (f *fsys) ReadLink(name string) (string, error) {
 		return "", err
 	}
 	t, err := f.c.Readlink(p)
-	return t, err2(err, "readlink", name)
+	return t, withPath(err, "readlink", name)
 }
 
 func (f *fsys) ReadDir(name string) ([]fs.DirEntry, error) {
@@ -87,7 +87,7 @@ func (f *fsys) ReadDir(name string) ([]fs.DirEntry, error) {
 		return nil, err
 	}
 	ents, err := f.c.listDir(f.c.ctx, &pb.Loc{Path: p})
-	return ents, err2(err, "readdir", name)
+	return ents, withPath(err, "readdir", name)
 }
 
 func (f *fsys) ReadFile(name string) ([]byte, error) {
@@ -138,7 +138,7 @@ func (f *fsFile) readAt(p []byte, off int64) (int, error) {
 	}
 	n, err := f.c.ReadIno(f.c.ctx, f.info.a.GetIno(), off, p)
 	if err != nil {
-		return n, renamePathErr(err, "read", f.name)
+		return n, withPath(err, "read", f.name)
 	}
 	if n < len(p) {
 		return n, io.EOF
@@ -202,7 +202,7 @@ func (d *fsDir) ReadDir(n int) ([]fs.DirEntry, error) {
 		return d.c.listDir(d.c.ctx, &pb.Loc{Ino: d.info.a.GetIno()})
 	})
 	if err != nil && !errors.Is(err, io.EOF) {
-		return ents, renamePathErr(err, "readdir", d.name)
+		return ents, withPath(err, "readdir", d.name)
 	}
 	return ents, err
 }

@@ -20,12 +20,12 @@ import (
 // do runs cmd and reports an error as op on name.
 func (c *Client) do(op, name string, cmd *pb.Command) (*pb.Result, error) {
 	res, err := c.Do(c.ctx, cmd)
-	return res, err2(err, op, name)
+	return res, withPath(err, op, name)
 }
 
 func (c *Client) ask(op, name string, q *pb.Query) (*pb.Result, error) {
 	res, err := c.Query(c.ctx, q)
-	return res, err2(err, op, name)
+	return res, withPath(err, op, name)
 }
 
 // Mkdir creates the directory name with permission bits perm.
@@ -83,7 +83,7 @@ func (c *Client) MkdirAll(name string, perm fs.FileMode) error {
 			return nil
 		}
 	}
-	return err2(err, "mkdir", name)
+	return withPath(err, "mkdir", name)
 }
 
 // Remove removes a file, symlink or empty directory.
@@ -159,7 +159,7 @@ func unwrapPath(err error) error {
 // ReadDir lists directory name, sorted by name.
 func (c *Client) ReadDir(name string) ([]fs.DirEntry, error) {
 	ents, err := c.listDir(c.ctx, &pb.Loc{Path: clean(name)})
-	return ents, err2(err, "readdir", name)
+	return ents, withPath(err, "readdir", name)
 }
 
 // Stat returns the attributes of name, following symlinks. Sys() of the
@@ -177,7 +177,7 @@ func (c *Client) statInfo(ctx context.Context, op, name string, nofollow bool) (
 	p := clean(name)
 	a, err := c.stat(ctx, op, &pb.Loc{Path: p, Nofollow: nofollow})
 	if err != nil {
-		return nil, err2(err, op, name)
+		return nil, withPath(err, op, name)
 	}
 	return fileInfo{name: path.Base(p), a: a}, nil
 }
@@ -326,7 +326,7 @@ func (c *Client) readFile(ctx context.Context, op, name string) ([]byte, error) 
 		eof = n < len(buf)
 	}
 	if err != nil {
-		return nil, err2(err, op, name)
+		return nil, withPath(err, op, name)
 	}
 	return buf[:n:n], nil
 }
@@ -343,14 +343,14 @@ func (c *Client) WriteFile(name string, data []byte, perm fs.FileMode) error {
 			Loc: loc, Data: data, Create: true, Truncate: true,
 			Mode: modeBits(perm), Uid: c.k.cfg.uid, Gid: c.k.cfg.gid,
 		}}})
-		return err2(err, "write", name)
+		return withPath(err, "write", name)
 	}
 	h, attr, err := c.OpenLoc(ctx, loc, linuxFlags(os.O_WRONLY|os.O_CREATE|os.O_TRUNC), modeBits(perm), c.k.cfg.uid, c.k.cfg.gid, false, false)
 	if err != nil {
-		return err2(err, "open", name)
+		return withPath(err, "open", name)
 	}
 	if len(data) == 0 {
-		return err2(c.CloseHandle(ctx, h), "close", name)
+		return withPath(c.CloseHandle(ctx, h), "close", name)
 	}
 	// The write goes by inode, so it needs no handle and can run alongside
 	// the close: one round trip less per file.
@@ -360,9 +360,9 @@ func (c *Client) WriteFile(name string, data []byte, perm fs.FileMode) error {
 	_, _, werr := c.WriteIno(ctx, attr.GetIno(), 0, data)
 	wg.Wait()
 	if werr != nil {
-		return err2(werr, "write", name)
+		return withPath(werr, "write", name)
 	}
-	return err2(cerr, "close", name)
+	return withPath(cerr, "close", name)
 }
 
 // Clone copies src to dst by sharing its blocks (copy-on-write); a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"sync"
@@ -87,9 +88,36 @@ func TestErrnoMapping(t *testing.T) {
 		require.Equal(t, errno, Errno(err))
 	}
 	require.Equal(t, syscall.EINTR, Errno(context.Canceled))
-	require.Equal(t, syscall.ETIMEDOUT, Errno(context.DeadlineExceeded))
+	require.Equal(t, syscall.EIO, Errno(context.DeadlineExceeded))
 	require.Equal(t, syscall.EIO, Errno(errors.New("x")))
 	require.Equal(t, syscall.Errno(0), Errno(nil))
+}
+
+func TestErrnoTable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want syscall.Errno
+	}{
+		{"nil", nil, 0},
+		{"bare errno", syscall.ENOTEMPTY, syscall.ENOTEMPTY},
+		{"path error", &fs.PathError{Op: "rmdir", Path: "/d", Err: syscall.ENOTEMPTY}, syscall.ENOTEMPTY},
+		{"wrapped twice", fmt.Errorf("rename: %w", &os.LinkError{Op: "rename", Err: syscall.EXDEV}), syscall.EXDEV},
+		{"zero errno is not success", syscall.Errno(0), syscall.EIO},
+		{"deadline: cluster unreachable", fmt.Errorf("memfs: cluster unavailable: %w", context.DeadlineExceeded), syscall.EIO},
+		{"interrupted by the kernel", context.Canceled, syscall.EINTR},
+		{"fs sentinel", fs.ErrNotExist, syscall.ENOENT},
+		{"fs exist", fs.ErrExist, syscall.EEXIST},
+		{"fs permission", fs.ErrPermission, syscall.EACCES},
+		{"fs closed", fs.ErrClosed, syscall.EBADF},
+		{"anything else", errors.New("boom"), syscall.EIO},
+		// An errno beats the context error it travels with.
+		{"errno and deadline", errors.Join(context.DeadlineExceeded, syscall.ENOSPC), syscall.ENOSPC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, Errno(tc.err))
+		})
+	}
 }
 
 func TestRetrySameSeqAppliesOnce(t *testing.T) {
@@ -162,7 +190,7 @@ func TestDeadlineEndsRetries(t *testing.T) {
 	_, err := c.Do(ctx, &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: &pb.Loc{Path: "/x"}}}})
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Equal(t, syscall.ETIMEDOUT, Errno(err))
+	require.Equal(t, syscall.EIO, Errno(err))
 }
 
 func TestNotRetried(t *testing.T) {

@@ -812,7 +812,7 @@ func (x *CloseCmd) GetHandle() uint64 {
 // handle is 0, into the regular file at loc (no open needed, like pwrite on
 // a path). append writes at the end of file regardless of offset. hashes,
 // when set, name blocks already stored instead of carrying them (dedup on
-// the wire, issue 6): the write [offset, offset+length) is cut at chunk
+// the wire): the write [offset, offset+length) is cut at chunk
 // boundaries into pieces, one hashes entry each; a 32-byte entry names the
 // stored block that becomes that whole chunk, an empty entry means the
 // piece's bytes follow in data (pieces in order). A named block that is not
@@ -5264,7 +5264,7 @@ type NodeStatus struct {
 	Error        string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"` // why this node could not be asked
 	CommitIndex  uint64                 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
 	LastLogIndex uint64                 `protobuf:"varint,9,opt,name=last_log_index,json=lastLogIndex,proto3" json:"last_log_index,omitempty"`
-	// This node's own view (issue 6): its state machine's totals, and
+	// This node's own view: its state machine's totals, and
 	// counters since the process started.
 	LogicalBytes     uint64 `protobuf:"varint,10,opt,name=logical_bytes,json=logicalBytes,proto3" json:"logical_bytes,omitempty"`
 	PhysicalBytes    uint64 `protobuf:"varint,11,opt,name=physical_bytes,json=physicalBytes,proto3" json:"physical_bytes,omitempty"`
@@ -5273,7 +5273,7 @@ type NodeStatus struct {
 	NetSentBytes     uint64 `protobuf:"varint,14,opt,name=net_sent_bytes,json=netSentBytes,proto3" json:"net_sent_bytes,omitempty"` // bytes its Raft transport sent to other nodes
 	NetReceivedBytes uint64 `protobuf:"varint,15,opt,name=net_received_bytes,json=netReceivedBytes,proto3" json:"net_received_bytes,omitempty"`
 	WireDedupBytes   uint64 `protobuf:"varint,16,opt,name=wire_dedup_bytes,json=wireDedupBytes,proto3" json:"wire_dedup_bytes,omitempty"` // write bytes it sent by hash as leader
-	// Block sync (issue 8): the blocks this node's last restore needed from
+	// Block sync: the blocks this node's last restore needed from
 	// elsewhere, how many it has fetched from peers so far, and the bytes;
 	// restoring is true while a restore runs.
 	SyncBlocksWanted  uint64 `protobuf:"varint,17,opt,name=sync_blocks_wanted,json=syncBlocksWanted,proto3" json:"sync_blocks_wanted,omitempty"`
@@ -6025,7 +6025,7 @@ func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{66}
 }
 
-// Block sync (issue 8). Hashes are 32-byte SHA-256 block hashes; a request
+// Block sync. Hashes are 32-byte SHA-256 block hashes; a request
 // names at most MaxSyncHashes of them.
 type MissingBlocksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`

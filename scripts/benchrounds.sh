@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-3 figures in rounds: each round runs the raw Raft ceiling
+# The throughput figures of docs/benchmarks.md in rounds: each round runs the raw Raft ceiling
 # (BenchmarkRaftCeiling/bolt: 3 hashicorp/raft nodes with the node's stores
 # and settings, a state machine that keeps nothing; and the same with state
 # machines that keep a copy of every entry, BenchmarkRaftCeilingKeep/bolt),

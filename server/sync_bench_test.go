@@ -21,7 +21,7 @@ import (
 	"github.com/memoryfs/memfs/server/blockdir"
 )
 
-// Figures of issue 8 (docs/benchmarks.md, "Snapshots and catch-up"). Each
+// Snapshot and catch-up figures (docs/benchmarks.md, "Snapshots and catch-up"). Each
 // runs once: go test ./server/ -run '^$' -bench 'SnapshotPersist|CatchUp|Rejoin' -benchtime 1x
 // Sizes: MEMFS_BENCH_STATE (2 GiB), MEMFS_BENCH_CATCHUP (1 GiB),
 // MEMFS_BENCH_REJOIN (256 MiB), in bytes.

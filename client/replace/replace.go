@@ -1,5 +1,5 @@
 // Package replace replaces a member of a running cluster by a new node
-// without losing a quorum or failing a client's write (issue 8, part 4).
+// without losing a quorum or failing a client's write.
 // The `memfs node replace` command and the fault-injection tests both run
 // it. It only talks to the cluster's admin API; it never touches a node's
 // data directory and never removes a member before its successor votes.

@@ -16,7 +16,7 @@ import (
 // whose holder's file commands see the directory as /, and whatever it
 // names outside fails with a clear message and a non-zero exit.
 func TestConfinedTokenCommands(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	c := server.StartCluster(t, 3, server.WithTLS())
 	files := c.CertFiles("admin")
 	addrs := strings.Join(c.APIAddrs(), ",")

@@ -114,10 +114,7 @@ func TestGrafanaDashboardSeriesExist(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	requireFUSE(t)
-	bin := memfsBinary(t)
-	base := freeBasePort(t, 3)
-	p := startUp(t, bin, t.TempDir(), base, false)
-	waitStatus(t, bin, p)
+	bin, p, base := upReady(t)
 
 	var st statusreport.Report
 	require.NoError(t, json.Unmarshal([]byte(runOK(t, bin, "--cluster", p.cluster, "status", "--json")), &st))

@@ -58,7 +58,7 @@ func TestMemoryBudgetEndToEnd(t *testing.T) {
 	require.Equal(t, uint64(budget-512<<10), st.FreeBytes)
 
 	// The CLI: a put that does not fit fails with exit status 1.
-	m := cli{t: t, bin: buildMemfs(t), cluster: strings.Join(cluster.APIAddrs(), ",")}
+	m := cli{t: t, bin: memfsBinary(t), cluster: strings.Join(cluster.APIAddrs(), ",")}
 	local := filepath.Join(t.TempDir(), "more")
 	require.NoError(t, os.WriteFile(local, more, 0o644))
 	_, errOut, code := m.run("", "put", local, "/b")

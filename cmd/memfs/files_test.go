@@ -17,15 +17,6 @@ import (
 	"github.com/memoryfs/memfs/server"
 )
 
-// buildMemfs compiles this command into a temporary directory.
-func buildMemfs(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "memfs")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
-
 // cli runs the memfs binary against one cluster.
 type cli struct {
 	t       *testing.T
@@ -60,7 +51,7 @@ func (c cli) ok(args ...string) string {
 }
 
 func TestFileCommandsEndToEnd(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	cluster := server.StartCluster(t, 3, server.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	dir := t.TempDir()
@@ -120,7 +111,7 @@ func TestFileCommandsEndToEnd(t *testing.T) {
 }
 
 func TestBenchCommand(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	cluster := server.StartCluster(t, 3, server.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	out := m.ok("bench", "--json", "--total", "4MiB", "--size", "1MiB", "--concurrency", "2",
@@ -148,7 +139,7 @@ func TestBenchCommand(t *testing.T) {
 }
 
 func TestCloneAndDu(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	cluster := server.StartCluster(t, 3, server.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	content := make([]byte, 1<<20)

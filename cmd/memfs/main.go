@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"regexp"
@@ -138,6 +139,11 @@ func errorText(err error) string {
 }
 
 func main() {
+	// Logs go to stderr in slog's own format. Without a handler of our own
+	// slog writes through the standard log package, whose output a
+	// dependency (coreos/pkg's capnslog, under raft-wal) takes over at
+	// init, so lines came out in its format wherever a command logged.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	err := rootCmd.Execute()
 	if err == nil {
 		return

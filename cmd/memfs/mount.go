@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
@@ -346,16 +347,22 @@ func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
 	if upMountDir == "" {
 		return nil, nil
 	}
-	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Security, c.Out)
+	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Security, c.Out, filepath.Join(c.Dir, "mount.log"))
 }
 
 // startUpMount mounts the cluster at addrs on dir and returns the function
-// that unmounts it.
-func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer) (func(), error) {
+// that unmounts it. The mount's log goes to logPath, as each node's does:
+// up's own output is for the person who started it.
+func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer, logPath string) (func(), error) {
 	// The README's first command mounts on ./mnt: made here when missing.
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("mount: %w", err)
 	}
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("mount: %w", err)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(logFile, nil)))
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cl, err := client.New(sctx, addrs, append(sec, client.WithName("memfs up --mount "+dir), client.WithCaps())...)
@@ -367,7 +374,7 @@ func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.
 		_ = cl.Close()
 		return nil, fmt.Errorf("mount: %w", err)
 	}
-	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s)\n", m.Dir(), m.Dir())
+	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s; log %s)\n", m.Dir(), m.Dir(), logPath)
 	gc := tuneMountGC()
 	return func() {
 		defer gc.Stop()

@@ -214,24 +214,7 @@ func TestUpMount(t *testing.T) {
 	dir := t.TempDir()
 	mnt := filepath.Join(dir, "mnt")
 	lazyUnmountAtCleanup(t, mnt)
-	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
-	base := freeBasePort(t, 3)
-	p.cmd = exec.Command(bin, "up", "--nodes", "3", "--dir", filepath.Join(dir, "data"), "--base-port", fmt.Sprint(base), "--mount", mnt)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	p.cluster = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+1, base+2, base+3)
+	p := startUpWith(t, bin, filepath.Join(dir, "data"), freeBasePort(t, 3), true, []string{"--mount", mnt})
 	waitFor(t, 90*time.Second, "up mounts the cluster", func() bool { return strings.Contains(p.out.String(), "Mounted the cluster on") })
 	require.True(t, mounted(t, mnt))
 
@@ -242,6 +225,11 @@ func TestUpMount(t *testing.T) {
 
 	p.stop(t)
 	require.False(t, mounted(t, mnt), "stopping up unmounts")
+	// The mount's log lines went to its log file, not into up's output.
+	require.NotContains(t, p.out.String(), "GC headroom tuned")
+	log, err := os.ReadFile(filepath.Join(dir, "data", "mount.log"))
+	require.NoError(t, err)
+	require.Contains(t, string(log), "GC headroom tuned")
 }
 
 // writeSynced writes content to a new file p and fsyncs it.

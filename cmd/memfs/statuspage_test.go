@@ -137,10 +137,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Skip("builds and runs the binary and a browser")
 	}
 	browser := chromiumOrSkip(t)
-	bin := memfsBinary(t)
-	base := freeBasePort(t, 3)
-	p := startUp(t, bin, t.TempDir(), base, false)
-	waitStatus(t, bin, p)
+	bin, p, base := upReady(t)
 
 	// Some files, two of them identical so the dedup ratio is not 1.
 	data := filepath.Join(t.TempDir(), "data")

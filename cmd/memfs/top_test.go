@@ -80,10 +80,7 @@ func TestTopLiveUnderTmux(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	tm := newTmux(t)
-	bin := memfsBinary(t)
-	base := freeBasePort(t, 3)
-	p := startUp(t, bin, t.TempDir(), base, false)
-	waitStatus(t, bin, p)
+	bin, p, base := upReady(t)
 	metrics := fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", base+201, base+202, base+203)
 
 	// Scripts get one plain table.

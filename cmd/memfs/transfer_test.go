@@ -82,7 +82,7 @@ func TestPutOutlastsTimeout(t *testing.T) {
 }
 
 func TestInterruptedPutLeavesTargetAsItWas(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	cluster := server.StartCluster(t, 3, server.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	_, errOut, code := m.run("old content", "put", "-", "/t")
@@ -118,7 +118,7 @@ func TestInterruptedPutLeavesTargetAsItWas(t *testing.T) {
 }
 
 func TestFailedTransfersLeaveNothing(t *testing.T) {
-	bin := buildMemfs(t)
+	bin := memfsBinary(t)
 	cluster := server.StartCluster(t, 3, server.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	m.ok("mkdir", "/dir")

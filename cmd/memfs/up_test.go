@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/test/procs"
 )
 
 var (
@@ -29,7 +30,8 @@ var (
 	buildErr  error
 )
 
-// memfsBinary builds this command once per test run into a temp dir.
+// memfsBinary builds this command once per test run, as the process tests
+// build it (procs.Build).
 func memfsBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -38,11 +40,7 @@ func memfsBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		builtPath = filepath.Join(dir, "memfs")
-		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		builtPath, buildErr = procs.Build(dir)
 	})
 	require.NoError(t, buildErr)
 	return builtPath
@@ -125,8 +123,14 @@ func upTLSFlags(dir string) []string {
 // secure, else with --insecure; serverArgs go after "--".
 func startUp(t *testing.T, bin, dir string, base int, secure bool, serverArgs ...string) *upProcess {
 	t.Helper()
+	return startUpWith(t, bin, dir, base, secure, nil, serverArgs...)
+}
+
+// startUpWith is startUp with more flags of up's own (upArgs).
+func startUpWith(t *testing.T, bin, dir string, base int, secure bool, upArgs []string, serverArgs ...string) *upProcess {
+	t.Helper()
 	p := &upProcess{out: &syncBuffer{}, done: make(chan struct{})}
-	args := []string{"up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base)}
+	args := append([]string{"up", "--nodes", "3", "--dir", dir, "--base-port", fmt.Sprint(base)}, upArgs...)
 	if secure {
 		p.sec = upTLSFlags(dir)
 	} else {
@@ -154,15 +158,24 @@ func startUp(t *testing.T, bin, dir string, base int, secure bool, serverArgs ..
 	return p
 }
 
+// upReady starts `memfs up --insecure` on free ports and waits until its
+// status answers; base is its --base-port.
+func upReady(t *testing.T) (bin string, p *upProcess, base int) {
+	t.Helper()
+	bin = memfsBinary(t)
+	base = freeBasePort(t, 3)
+	p = startUp(t, bin, t.TempDir(), base, false)
+	waitStatus(t, bin, p)
+	return bin, p, base
+}
+
 // upCLI starts a 3-node cluster of real node processes with memfs up and
 // returns the CLI against it. Tests that load the cluster use it rather
 // than an in-process cluster, which the race detector would slow down
 // beside the load until sessions expire.
 func upCLI(t *testing.T) cli {
 	t.Helper()
-	bin := memfsBinary(t)
-	p := startUp(t, bin, t.TempDir(), freeBasePort(t, 3), false)
-	waitStatus(t, bin, p)
+	bin, p, _ := upReady(t)
 	return cli{t: t, bin: bin, cluster: p.cluster}
 }
 

@@ -7,8 +7,10 @@
 # The caller sets BIN (the memfs binary) and calls conf_init NAME, then
 # conf_up, then conf_mount DIR [flags...] once per mount (each logs to
 # DIR.log). Environment: BINDING (default
-# gofuse), MOUNT_FLAGS, BASE_PORT (default random), KEEP=1 (leave the
-# temporary directory: cluster data, the mounts' logs).
+# gofuse), MOUNT_FLAGS, UP_FLAGS (e.g. "--ephemeral": Raft state in memory,
+# no fsync, for runs that test the mount's semantics and not durability),
+# BASE_PORT (default random), KEEP=1 (leave the temporary directory:
+# cluster data, the mounts' logs).
 
 conf_init() { # name: makes $work and $mnt, sets MEMFS_CLUSTER, traps exit
   BINDING=${BINDING:-gofuse}
@@ -50,7 +52,8 @@ conf_cleanup() {
 }
 
 conf_up() { # starts the cluster and waits until it serves
-  "$BIN" up --nodes 3 --dir "$work/cluster" --base-port "$base" >"$work/up.log" 2>&1 &
+  # shellcheck disable=SC2086 # UP_FLAGS is a list of flags
+  "$BIN" up --nodes 3 --dir "$work/cluster" --base-port "$base" ${UP_FLAGS:-} >"$work/up.log" 2>&1 &
   up=$!
   for _ in $(seq 600); do grep -q "is up" "$work/up.log" && break; sleep 0.1; done
   grep -q "is up" "$work/up.log" || { cat "$work/up.log" >&2; exit 1; }

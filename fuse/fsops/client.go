@@ -609,11 +609,11 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 	o.drain(f)
 	_ = o.commitHeld(f.ino) // a failure is recorded on f
 	if err := f.takeErr(); err != nil {
-		return ToErrno(err)
+		return client.Errno(err)
 	}
 	if o.buffering() {
 		o.keepJournaled(f)
-		return ToErrno(o.jr.TakeErr(f.ino))
+		return client.Errno(o.jr.TakeErr(f.ino))
 	}
 	return 0
 }
@@ -625,13 +625,13 @@ func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
 	defer guard("fsync", &e)
 	o.barrier(ino)
 	if err := o.syncJournal(context.Background(), ino); err != nil {
-		return ToErrno(err)
+		return client.Errno(err)
 	}
 	o.filesMu.Lock()
 	defer o.filesMu.Unlock()
 	for _, f := range o.files[ino] {
 		if err := f.takeErr(); err != nil {
-			return ToErrno(err)
+			return client.Errno(err)
 		}
 	}
 	return 0

@@ -1,43 +1,11 @@
 package fsops
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io/fs"
-	"os"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
-
-func TestToErrno(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		err  error
-		want syscall.Errno
-	}{
-		{"nil", nil, 0},
-		{"bare errno", syscall.ENOTEMPTY, syscall.ENOTEMPTY},
-		{"path error", &fs.PathError{Op: "rmdir", Path: "/d", Err: syscall.ENOTEMPTY}, syscall.ENOTEMPTY},
-		{"wrapped twice", fmt.Errorf("rename: %w", &os.LinkError{Op: "rename", Err: syscall.EXDEV}), syscall.EXDEV},
-		{"zero errno is not success", syscall.Errno(0), syscall.EIO},
-		{"deadline: cluster unreachable", fmt.Errorf("memfs: cluster unavailable: %w", context.DeadlineExceeded), syscall.EIO},
-		{"interrupted by the kernel", context.Canceled, syscall.EINTR},
-		{"fs sentinel", fs.ErrNotExist, syscall.ENOENT},
-		{"fs exist", fs.ErrExist, syscall.EEXIST},
-		{"fs permission", fs.ErrPermission, syscall.EACCES},
-		{"fs closed", fs.ErrClosed, syscall.EBADF},
-		{"anything else", errors.New("boom"), syscall.EIO},
-		// An errno beats the context error it travels with.
-		{"errno and deadline", errors.Join(context.DeadlineExceeded, syscall.ENOSPC), syscall.ENOSPC},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, ToErrno(tc.err))
-		})
-	}
-}
 
 func TestGuardTurnsPanicIntoEIO(t *testing.T) {
 	op := func() (e syscall.Errno) {

@@ -166,7 +166,7 @@ func (o *ClientOps) SetLk(ctx context.Context, ino, handle uint64, lk Lock, wait
 		defer cancel()
 	}
 	if err := o.c.SetLock(ctx, l, wait); err != nil {
-		e := ToErrno(err)
+		e := client.Errno(err)
 		if e == syscall.EAGAIN && lk.Flock {
 			// flock(2) converts a lock by dropping it first, so one
 			// refused under LOCK_NB leaves the owner none (Linux and

@@ -3,8 +3,6 @@ package fsops
 import (
 	"context"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,126 +43,11 @@ const (
 	writeDepth = 16      // buffers of one handle being committed at once: 16 MiB in flight
 )
 
-// openFile is one handle this mount opened, with its write-behind state.
-type openFile struct {
-	ino, handle uint64
-	append      bool
-	// remote is the cluster handle a local handle (capops.go) was pinned
-	// with; 0 before.
-	remote atomic.Uint64
-
-	// sendMu is held from taking the buffer until its commit is counted in
-	// flight, so buffers claim their ranges in the order they were filled
-	// and a drain that follows sees every commit started before it.
-	sendMu sync.Mutex
-
-	mu     sync.Mutex
-	buf    []byte // guarded by mu: collected data not yet sent
-	bufOff int64  // guarded by mu: file offset of buf[0]
-
-	wrote atomic.Int64 // when the latest write was acknowledged (Unix ns)
-
-	slots   chan struct{}  // one token per commit in flight
-	pending atomic.Int64   // bytes acknowledged but not yet committed
-	ranges  []*flightRange // guarded by mu: the commits in flight
-
-	errMu sync.Mutex
-	err   error // guarded by errMu: first background commit failure
-
-	ra raState
-
-	// journaled: writes go to the journal (a file made by a buffered
-	// create, while small); jbytes counts what they carried.
-	journaled atomic.Bool
-	jbytes    atomic.Int64
-	jdata     []byte // guarded by mu: the new file's content, while journaled
-}
-
 // flightRange is the byte range of one commit in flight; done is closed
 // when it has been answered.
 type flightRange struct {
 	off, end int64
 	done     chan struct{}
-}
-
-func newOpenFile(ino, handle uint64, appendMode bool) *openFile {
-	return &openFile{ino: ino, handle: handle, append: appendMode, slots: make(chan struct{}, writeDepth)}
-}
-
-// register records f so that barriers on its inode find it.
-func (o *ClientOps) register(f *openFile) {
-	o.filesMu.Lock()
-	defer o.filesMu.Unlock()
-	if o.files[f.ino] == nil {
-		o.files[f.ino] = map[uint64]*openFile{}
-	}
-	o.files[f.ino][f.handle] = f
-	o.byHandle[f.handle] = f
-	if isLocal(f.handle) {
-		o.localOpens.Add(1)
-	}
-}
-
-func (o *ClientOps) unregister(f *openFile) {
-	o.filesMu.Lock()
-	defer o.filesMu.Unlock()
-	if _, ok := o.byHandle[f.handle]; ok && isLocal(f.handle) {
-		o.localOpens.Add(-1)
-	}
-	delete(o.files[f.ino], f.handle)
-	delete(o.byHandle, f.handle)
-	if len(o.files[f.ino]) == 0 {
-		delete(o.files, f.ino)
-	}
-}
-
-func (o *ClientOps) file(handle uint64) *openFile {
-	o.filesMu.Lock()
-	defer o.filesMu.Unlock()
-	return o.byHandle[handle]
-}
-
-// dirty reports whether ino has writes or attribute changes acknowledged
-// but not committed.
-func (o *ClientOps) dirty(ino uint64) bool {
-	for _, f := range o.openFiles(ino) {
-		if f.pending.Load() > 0 {
-			return true
-		}
-	}
-	return o.hasHeld(ino)
-}
-
-// dirtyInodes returns every inode dirty reports true for: only those with
-// open handles or held attribute state can be.
-func (o *ClientOps) dirtyInodes() map[uint64]bool {
-	o.filesMu.Lock()
-	inos := make([]uint64, 0, len(o.files)+len(o.attrs))
-	for ino := range o.files {
-		inos = append(inos, ino)
-	}
-	for ino := range o.attrs {
-		inos = append(inos, ino)
-	}
-	o.filesMu.Unlock()
-	out := map[uint64]bool{}
-	for _, ino := range inos {
-		if o.dirty(ino) {
-			out[ino] = true
-		}
-	}
-	return out
-}
-
-// openFiles returns the handles this mount has open on ino.
-func (o *ClientOps) openFiles(ino uint64) []*openFile {
-	o.filesMu.Lock()
-	defer o.filesMu.Unlock()
-	fs := make([]*openFile, 0, len(o.files[ino]))
-	for _, f := range o.files[ino] {
-		fs = append(fs, f)
-	}
-	return fs
 }
 
 // collectedEnd is the end of the furthest write to ino acknowledged and

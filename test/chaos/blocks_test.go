@@ -18,7 +18,7 @@ import (
 	"github.com/memoryfs/memfs/test/workload"
 )
 
-// The block layer's tests of issue 8 under the fault-injection harness
+// The block layer's tests (dedup, snapshots, block sync) under the fault-injection harness
 // (the server package has each of them on a reliable network):
 // incremental snapshot chains restored after every node is killed, and a
 // block corrupted on disk repaired from a peer, while clients work and

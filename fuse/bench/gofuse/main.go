@@ -1,8 +1,7 @@
 // Command gofuse-loopback mounts a directory on another through
 // github.com/hanwen/go-fuse/v2's loopback node: the baseline that shows
-// what a Go FUSE binding costs by itself, against bazil.org/fuse in the
-// MemoryFS mount. It lives in its own module so that the main module does
-// not depend on go-fuse.
+// what a Go FUSE binding costs by itself, with nothing behind it but
+// tmpfs, against the MemoryFS mount's two bindings (fuse/bench/fio.sh).
 //
 //	gofuse-loopback [-timeout 1s] ORIGINAL MOUNTPOINT
 //
