@@ -247,6 +247,33 @@ func TestBufferedLinkLimit(t *testing.T) {
 	require.EqualValues(t, maxLinks, a.Nlink)
 }
 
+// TestBufferedSyncOfLongJournal: an fsync commits a journal that takes
+// longer than one operation's time limit, as long as its batches keep
+// committing; the limit is for a cluster that stops answering.
+func TestBufferedSyncOfLongJournal(t *testing.T) {
+	// Small batches, so that the journal is still seconds long when the
+	// creates are done.
+	ops, _, other := newCapOpsWith(t, Options{Buffered: true, Journal: client.JournalOptions{MaxAge: time.Hour, MaxOps: 8}})
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	const files = 5000
+	for i := range files {
+		a, out, e := ops.Create(ctx, d.Ino, fmt.Sprintf("f%05d", i), syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+		require.Zero(t, e)
+		require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+	}
+	ops.opt.OpTimeout = 200 * time.Millisecond
+	start := time.Now()
+	require.Zero(t, ops.Fsync(ctx, d.Ino))
+	t.Logf("committed %d creates in %v", files, time.Since(start))
+	_, _, failed := ops.jr.Stats()
+	require.Zero(t, failed)
+	ents, err := other.ReadDir("/t")
+	require.NoError(t, err)
+	require.Len(t, ents, files)
+}
+
 // TestBufferedSetAttrOfNothing: a setattr that changes nothing (chown
 // with owner and group -1) leaves the change time, as the cluster does
 // with such a command, so the mount never answers a ctime the cluster
@@ -339,4 +366,39 @@ func TestStatOfHeldWritesAnsweredLocally(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, len(big)+4, st.Size())
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
+}
+
+// TestOlderWriteResultAfterNewerKeepsNewer: two write-behind commits of one
+// handle may apply in the cluster in the other order than their answers
+// come back. When the newer answer came first and a third commit began
+// before the older answer arrived, the older one (a smaller size, an
+// earlier change time) must not replace the newer as the base a stat is
+// answered from: fsx saw the file shrink to the older size.
+func TestOlderWriteResultAfterNewerKeepsNewer(t *testing.T) {
+	ops, _, _ := newBufOps(t)
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	big := make([]byte, jrFileBytes+64<<10)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, big)
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	cur, e := ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	h := ops.file(out.Handle).handle
+
+	attr := func(size uint64, ctime time.Time) *pb.Attr {
+		return &pb.Attr{Ino: a.Ino, Mode: cur.Mode, Nlink: cur.Nlink, Size: size, CtimeNs: ctime.UnixNano(), MtimeNs: ctime.UnixNano()}
+	}
+	older, newer := cur.Ctime.Add(time.Millisecond), cur.Ctime.Add(2*time.Millisecond)
+	first := ops.meta.commitBy(a.Ino, h)  // extends the file; applied second
+	second := ops.meta.commitBy(a.Ino, h) // within the file; applied first
+	ops.meta.committed(a.Ino, attr(cur.Size+100, newer), first)
+	ops.meta.commitBy(a.Ino, h) // a third write is sent
+	ops.meta.committed(a.Ino, attr(cur.Size, older), second)
+	base, ok := ops.meta.writingBase(a.Ino)
+	require.True(t, ok)
+	require.EqualValues(t, cur.Size+100, base.Size, "the older answer replaced the newer")
 }

@@ -222,10 +222,13 @@ func (c *metaCache) putAttrLocked(a *pb.Attr, start uint64) {
 
 // setAttrLocked keeps a unless the entry holds newer attributes: a later
 // change time, or the same one and a larger size (writes in one log entry
-// share its time and only extend the file).
+// share its time and only extend the file). A base counts too: commits of
+// one handle that overlap may answer in another order than the cluster
+// applied them, and one begun meanwhile has dropped the attributes to the
+// base, which the older answer must not replace.
 func (c *metaCache) setAttrLocked(a *pb.Attr) {
 	e := c.entryLocked(a.GetIno())
-	if e.hasAttr && (a.GetCtimeNs() < e.attr.Ctime.UnixNano() ||
+	if (e.hasAttr || e.base) && (a.GetCtimeNs() < e.attr.Ctime.UnixNano() ||
 		a.GetCtimeNs() == e.attr.Ctime.UnixNano() && a.GetSize() < e.attr.Size) {
 		return
 	}
