@@ -34,7 +34,7 @@ import (
 // time plus the lease. So Caps trusts its capabilities until the send time
 // of the latest such command plus the lease, minus a margin for the
 // nodes' clocks (trustMargin). The session's keepalive renews every
-// lease/3, so an idle client stays trusted while it reaches the cluster.
+// lease/4, so an idle client stays trusted while it reaches the cluster.
 //
 // The assumption: node clocks agree within the margin (NTP) and no clock
 // jumps forward by more than that; the client's own clock only measures

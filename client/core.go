@@ -97,6 +97,11 @@ func (k *core) send(ctx context.Context, cmd *pb.Command) (*pb.Result, int, erro
 	req := &pb.ApplyRequest{Version: pb.Version, Command: cmd}
 	var resp *pb.ApplyResponse
 	o := callOpts{op: opName(cmd), bytes: len(cmd.GetWrite().GetData()), leader: true}
+	if s := k.sess.Load(); cmd.GetKeepAlive() != nil && s != nil {
+		// An attempt that a quarter of a lease does not see answered is
+		// tried again (at the leader another may know of by then).
+		o.renewal, o.timeout = true, s.lease/4
+	}
 	sent := time.Now()
 	k.commands.Add(1)
 	n, err := k.t.call(ctx, o, func(ctx context.Context, api pb.MemFSClient) (metadata.MD, error) {

@@ -35,7 +35,7 @@
 // # Sessions
 //
 // New opens a session with a lease (WithLease, default 10 s) and renews it
-// in the background every lease/3. Open handles and exclusive opens belong
+// in the background every lease/4. Open handles and exclusive opens belong
 // to the session. If the client is cut off for longer than the lease, the
 // cluster expires the session (on log time) and drops its handles: the
 // client opens a new session, operations on the old handles fail with

@@ -164,6 +164,8 @@ func queryName(q *pb.Query) (string, *pb.Loc) {
 		return name, v.Usage.GetLoc()
 	case *pb.Query_Lock:
 		return name, &pb.Loc{Ino: v.Lock.GetIno()}
+	case *pb.Query_Seek:
+		return name, v.Seek.GetLoc()
 	}
 	return name, nil
 }

@@ -519,6 +519,8 @@ func (k *core) settleQuery(ctx context.Context, q *pb.Query) error {
 		loc = x.GetXattr.GetLoc()
 	case *pb.Query_ListXattr:
 		loc = x.ListXattr.GetLoc()
+	case *pb.Query_Seek:
+		loc = x.Seek.GetLoc()
 	case *pb.Query_Handle:
 		return nil
 	case *pb.Query_Lock:

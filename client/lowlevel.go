@@ -331,6 +331,18 @@ func (c *Client) ReadIno(ctx context.Context, ino uint64, off int64, p []byte) (
 	return n, pathErr("read", locName(loc), err)
 }
 
+// SeekIno answers lseek(2)'s SEEK_DATA (hole false) or SEEK_HOLE (hole
+// true) from off in regular file ino, as the cluster has it: where the
+// next data or hole starts, or ENXIO (pb.SeekQuery). A hole is a chunk
+// with no block stored, so data is found a chunk at a time.
+func (c *Client) SeekIno(ctx context.Context, ino uint64, off int64, hole bool) (int64, error) {
+	res, err := c.Query(ctx, &pb.Query{Q: &pb.Query_Seek{Seek: &pb.SeekQuery{Loc: &pb.Loc{Ino: ino}, Offset: off, Hole: hole}}})
+	if err != nil {
+		return 0, err
+	}
+	return int64(res.GetN()), nil
+}
+
 // ReadDirIno lists directory ino, following cookies until the end.
 func (c *Client) ReadDirIno(ctx context.Context, ino uint64) ([]*pb.Dirent, error) {
 	ents, _, err := c.readDir(ctx, &pb.Loc{Ino: ino}, false)

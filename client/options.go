@@ -74,7 +74,7 @@ func describeProcess() string {
 func WithCaps() Option { return func(c *config) { c.caps = true } }
 
 // WithLease sets the session lease the client asks for (default 10 s). The
-// client renews it every lease/3; a session not renewed for a whole lease
+// client renews it every lease/4; a session not renewed for a whole lease
 // (measured on the cluster's log time) expires and loses its open handles
 // and exclusive opens.
 func WithLease(d time.Duration) Option {

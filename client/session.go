@@ -143,27 +143,53 @@ func (k *core) renew(ctx context.Context, old uint64) {
 		"old", old, "new", s.id)
 }
 
-// keepAlive renews the lease every lease/3 until ctx is done.
+// maxRenewals bounds the renewals on their way at once.
+const maxRenewals = 4
+
+// keepAlive renews the lease every lease/4 until ctx is done. Renewals do
+// not wait for each other: one held up (a starved node, a stalled log
+// store) does not delay the next, each gives up after half a lease, when
+// the next ones are already on their way, and each goes on a connection
+// of its own (transport.renewals). The node renews the session as of the
+// moment the renewal reached the leader, however long the entry then took
+// to form (pb.Entry.renew_first).
 func (k *core) keepAlive(ctx context.Context) {
 	defer close(k.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	inflight := make(chan struct{}, maxRenewals)
 	for {
 		s := k.sess.Load()
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.lease / 3):
+		case <-time.After(s.lease / 4):
 		}
-		cmd := &pb.Command{Op: &pb.Command_KeepAlive{KeepAlive: &pb.KeepAliveCmd{}}}
-		actx, cancel := context.WithTimeout(ctx, s.lease)
-		res, err := k.apply(actx, cmd, 0)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			k.cfg.log.Warn("memfs: session keepalive failed", "session", s.id, "err", err)
-		case res.GetErrno() != 0 && res.GetErrno() != uint32(syscall.ESTALE):
-			k.cfg.log.Warn("memfs: session keepalive refused", "session", s.id, "errno", syscall.Errno(res.GetErrno()))
+		select {
+		case inflight <- struct{}{}:
+		default:
+			continue // enough are on their way already
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-inflight }()
+			k.renewLease(ctx, s)
+		}()
+	}
+}
+
+// renewLease sends one KeepAliveCmd for session s, given half a lease.
+func (k *core) renewLease(ctx context.Context, s *session) {
+	cmd := &pb.Command{Op: &pb.Command_KeepAlive{KeepAlive: &pb.KeepAliveCmd{}}}
+	actx, cancel := context.WithTimeout(ctx, s.lease/2)
+	defer cancel()
+	res, err := k.apply(actx, cmd, 0)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		k.cfg.log.Warn("memfs: session keepalive failed", "session", s.id, "err", err)
+	case res.GetErrno() != 0 && res.GetErrno() != uint32(syscall.ESTALE):
+		k.cfg.log.Warn("memfs: session keepalive refused", "session", s.id, "errno", syscall.Errno(res.GetErrno()))
 	}
 }

@@ -45,19 +45,25 @@ const (
 type transport struct {
 	cfg *config
 
-	mu     sync.Mutex // guards everything below
-	conns  map[string]*grpc.ClientConn
-	addrs  []string // every node address known, in the order they are tried
-	next   int      // index into addrs of the next node to try without a leader
-	leader string   // API address of the node that served the last write, or ""
-	closed bool
+	mu    sync.Mutex // guards everything below
+	conns map[string]*grpc.ClientConn
+	// renewals are the connections session renewals go on, one per node
+	// beside conns, dialled when first used: a keepalive never waits
+	// behind the client's own traffic (megabytes of writes in one TCP
+	// connection's buffers, HTTP/2 flow control), so a busy client does
+	// not lose its session to its own load.
+	renewals map[string]*grpc.ClientConn
+	addrs    []string // every node address known, in the order they are tried
+	next     int      // index into addrs of the next node to try without a leader
+	leader   string   // API address of the node that served the last write, or ""
+	closed   bool
 }
 
 func newTransport(cfg *config, addrs []string) (*transport, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("no cluster addresses")
 	}
-	t := &transport{cfg: cfg, conns: make(map[string]*grpc.ClientConn)}
+	t := &transport{cfg: cfg, conns: make(map[string]*grpc.ClientConn), renewals: make(map[string]*grpc.ClientConn)}
 	for _, a := range addrs {
 		if a == "" {
 			continue
@@ -84,6 +90,34 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := t.conns[addr]; ok {
 		return cc, nil
 	}
+	cc, err := t.dialLocked(addr)
+	if err != nil {
+		return nil, err
+	}
+	t.conns[addr] = cc
+	t.addrs = append(t.addrs, addr)
+	return cc, nil
+}
+
+// renewalConnLocked returns the connection for session renewals to addr,
+// made the first time.
+func (t *transport) renewalConnLocked(addr string) (*grpc.ClientConn, error) {
+	if cc, ok := t.renewals[addr]; ok {
+		return cc, nil
+	}
+	if _, err := t.connLocked(addr); err != nil { // records addr as known
+		return nil, err
+	}
+	cc, err := t.dialLocked(addr)
+	if err != nil {
+		return nil, err
+	}
+	t.renewals[addr] = cc
+	return cc, nil
+}
+
+// dialLocked makes a new connection to addr.
+func (t *transport) dialLocked(addr string) (*grpc.ClientConn, error) {
 	if t.closed {
 		return nil, errors.New("client closed")
 	}
@@ -111,8 +145,6 @@ func (t *transport) connLocked(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("address %q: %w", addr, err)
 	}
-	t.conns[addr] = cc
-	t.addrs = append(t.addrs, addr)
 	return cc, nil
 }
 
@@ -127,10 +159,14 @@ func (t *transport) pick() string {
 	return t.addrs[t.next%len(t.addrs)]
 }
 
-func (t *transport) api(addr string) (pb.MemFSClient, error) {
+func (t *transport) api(addr string, renewal bool) (pb.MemFSClient, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cc, err := t.connLocked(addr)
+	get := t.connLocked
+	if renewal {
+		get = t.renewalConnLocked
+	}
+	cc, err := get(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -196,6 +232,9 @@ func (t *transport) close() error {
 	for _, cc := range t.conns {
 		errs = append(errs, cc.Close())
 	}
+	for _, cc := range t.renewals {
+		errs = append(errs, cc.Close())
+	}
 	return errors.Join(errs...)
 }
 
@@ -209,6 +248,7 @@ type callOpts struct {
 	bytes   int           // data carried, to give the attempt time for it
 	timeout time.Duration // attempt timeout; 0 means the configured one
 	leader  bool          // a success means addr leads (writes, linearizable reads)
+	renewal bool          // a session renewal: on the connections kept for them
 }
 
 // call runs fn against the leader (or the next node) until it succeeds, it
@@ -259,7 +299,7 @@ func unavailable(attempts int, cause, last error) error {
 }
 
 func (t *transport) attempt(ctx context.Context, addr string, o callOpts, fn attemptFunc) (metadata.MD, error) {
-	api, err := t.api(addr)
+	api, err := t.api(addr, o.renewal)
 	if err != nil {
 		return nil, err
 	}

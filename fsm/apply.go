@@ -340,6 +340,35 @@ func (s *session) record(seq uint64, r *pb.Result) {
 	}
 }
 
+// renewSessions renews the lease of every live session that one of cmds
+// belongs to, as applying the command would, but before expireSessions:
+// the command reached the leader before the entry's time, and a session
+// is ended only by an entry that carries nothing of it.
+func (t *tx) renewSessions(cmds []*pb.Command) {
+	for _, c := range cmds {
+		if c.GetSession() == 0 {
+			continue
+		}
+		if s := t.session(c.Session); s != nil && s.owner == c.Owner {
+			t.sessMut(s).expires = leaseEnd(t.now, s.leaseMs)
+		}
+	}
+}
+
+// renewAllSessions renews every session's lease at the entry's time: the
+// first entries of a new leader, so that the time without one counts
+// against no lease.
+func (t *tx) renewAllSessions() {
+	var all []*session
+	t.sessions.root().Walk(func(_ []byte, s *session) bool {
+		all = append(all, s)
+		return false
+	})
+	for _, s := range all {
+		t.sessMut(s).expires = leaseEnd(t.now, s.leaseMs)
+	}
+}
+
 // expireSessions ends every session whose lease ran out by the entry's
 // time. minLease keeps the common case (nothing due) to one comparison;
 // renewals only push leases later, so it stays a lower bound.

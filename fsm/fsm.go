@@ -73,6 +73,12 @@ func (f *FSM) Apply(index uint64, e *pb.Entry) []*pb.Result {
 		cur.blocks.SetLimit(l)
 	}
 	t := begin(cur, index, e.GetTimeNs(), f.cfg.OnChange != nil)
+	if e.GetRenewAll() {
+		t.renewAllSessions()
+	}
+	if e.GetRenewFirst() {
+		t.renewSessions(e.GetCommands())
+	}
 	t.expireSessions()
 	t.revokeDue()
 	for i, c := range e.GetCommands() {

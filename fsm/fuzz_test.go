@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
@@ -46,6 +47,9 @@ func FuzzApplyBytes(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0x08, 0x01, 0x1a, 0x00})
+	renew := ft.Entry(ft.Start+int64(time.Hour), inSession(1, 0, ft.KeepAlive()), ft.Tick())
+	renew.RenewFirst = true
+	f.Add(ft.Marshal(renew))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		data = trueSums(data)
 		m := fuzzFSM(t)

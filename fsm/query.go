@@ -61,8 +61,49 @@ func (s *state) answer(q *pb.Query) (*pb.Result, error) {
 		return s.listTokens(), nil
 	case *pb.Query_Region:
 		return s.regionQuery(orEmpty(x.Region))
+	case *pb.Query_Seek:
+		return s.seek(orEmpty(x.Seek))
 	}
 	return nil, errf(syscall.EINVAL, "query without a known question")
+}
+
+// seek answers lseek(2)'s SEEK_DATA and SEEK_HOLE from the file's chunks:
+// a chunk with a block is data up to the chunk's end (or the end of file),
+// one without is a hole, and the end of file counts as a hole.
+func (s *state) seek(x *pb.SeekQuery) (*pb.Result, error) {
+	n, err := s.lookup(orEmpty(x.Loc))
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case n.isDir():
+		return nil, errf(syscall.EISDIR, "seek in inode %d", n.ino)
+	case !n.isReg():
+		return nil, errf(syscall.EINVAL, "seek in non-regular inode %d", n.ino)
+	case x.Offset < 0 || uint64(x.Offset) >= n.size:
+		return nil, errf(syscall.ENXIO, "seek from %d in inode %d of %d bytes", x.Offset, n.ino, n.size)
+	}
+	off, cs := uint64(x.Offset), s.chunkSize
+	if x.Hole {
+		next := off / cs
+		s.chunkRange(n.ino, next, func(idx uint64, _ *block.Block) bool {
+			if idx != next {
+				return false
+			}
+			next++
+			return true
+		})
+		return &pb.Result{N: min(max(off, next*cs), n.size), Attr: n.attr()}, nil
+	}
+	found, at := false, uint64(0)
+	s.chunkRange(n.ino, off/cs, func(idx uint64, _ *block.Block) bool {
+		found, at = true, max(off, idx*cs)
+		return false
+	})
+	if !found || at >= n.size {
+		return nil, errf(syscall.ENXIO, "no data from %d in inode %d", off, n.ino)
+	}
+	return &pb.Result{N: at, Attr: n.attr()}, nil
 }
 
 func (s *state) read(x *pb.ReadQuery) (*pb.Result, error) {

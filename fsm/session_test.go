@@ -196,3 +196,69 @@ func TestSessionlessCommands(t *testing.T) {
 	require.Equal(t, syscall.ESTALE, errnoOf(h.Do(inSession(a.Session, 0, ft.CloseSession()))))
 	require.Greater(t, h.Must(ft.OpenSession(0)).Session, a.Session)
 }
+
+// TestRenewFirstKeepsQueuedSession: an entry that formed after a session's
+// lease ran out still renews the session when it carries a command of it
+// and renew_first is set (the command reached the leader in time; the log
+// was stalled). Without the flag, as in entries of older leaders, the
+// lease runs out first. An entry carrying nothing of the session ends it.
+func TestRenewFirstKeepsQueuedSession(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		renewFirst bool
+		carries    bool
+		alive      bool
+	}{
+		{"renew first", true, true, true},
+		{"expire first", false, true, false},
+		{"nothing of the session", true, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := ft.New(t, fsm.Config{ChunkSize: cs})
+			s := h.Must(ft.OpenSession(1000)).Session
+			h.Advance(5 * time.Second) // a stalled log: the lease ran out meanwhile
+			cmds := []*pb.Command{ft.Tick()}
+			if c.carries {
+				cmds = append(cmds, inSession(s, 0, ft.KeepAlive()))
+			}
+			e := ft.Entry(h.Time, cmds...)
+			e.RenewFirst = c.renewFirst
+			h.Index++
+			res := h.F.Apply(h.Index, e)
+			if !c.alive {
+				require.Zero(t, h.F.Stats().Sessions)
+				if c.carries {
+					require.Equal(t, syscall.ESTALE, errnoOf(res[1]))
+				}
+				return
+			}
+			require.Zero(t, res[1].Errno)
+			h.Advance(900 * time.Millisecond) // renewed at the entry's time
+			h.Must(ft.Tick())
+			require.Equal(t, uint64(1), h.F.Stats().Sessions)
+			h.Advance(200 * time.Millisecond)
+			h.Must(ft.Tick())
+			require.Zero(t, h.F.Stats().Sessions)
+		})
+	}
+}
+
+// TestRenewAllAfterLeaderless: a new leader's entries marked renew_all
+// renew every session at their time, so the time without a leader counts
+// against no lease; the next lease is counted from that entry.
+func TestRenewAllAfterLeaderless(t *testing.T) {
+	h := ft.New(t, fsm.Config{ChunkSize: cs})
+	a := h.Must(ft.OpenSession(1000)).Session
+	b := h.Must(ft.OpenSession(3000)).Session
+	h.Advance(10 * time.Second) // no leader meanwhile
+	e := ft.Entry(h.Time, ft.Tick())
+	e.RenewAll = true
+	h.Index++
+	h.F.Apply(h.Index, e)
+	require.Equal(t, uint64(2), h.F.Stats().Sessions)
+	h.Advance(1500 * time.Millisecond)
+	h.Must(ft.Tick())
+	require.Equal(t, uint64(1), h.F.Stats().Sessions, "a's lease ran out a lease after the renewal")
+	require.Zero(t, h.Do(inSession(b, 0, ft.KeepAlive())).Errno)
+	require.Equal(t, syscall.ESTALE, errnoOf(h.Do(inSession(a, 0, ft.KeepAlive()))))
+}

@@ -31,7 +31,7 @@ const (
 	maxNameLen    = 255
 	maxPathLen    = 4096
 	maxSymlinks   = 40
-	maxFileSize   = 1 << 40
+	maxFileSize   = pb.MaxFileSize
 	maxWriteLen   = 64 << 20
 	maxReadLen    = 64 << 20
 	maxXattrName  = 255

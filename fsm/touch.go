@@ -114,6 +114,8 @@ func (s *state) readsOf(q *pb.Query) []uint64 {
 		return s.locReads(x.ListXattr.GetLoc(), true)
 	case *pb.Query_Usage:
 		return s.locReads(x.Usage.GetLoc(), true)
+	case *pb.Query_Seek:
+		return s.locReads(x.Seek.GetLoc(), true)
 	}
 	return nil
 }

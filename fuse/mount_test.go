@@ -27,7 +27,13 @@ import (
 func TestPOSIXAgainstTmpfs(t *testing.T) {
 	cl := startCluster(t, 3)
 	m := mountOn(t, cl.APIAddrs(), Options{})
-	posixtest.Compare(t, m.Dir(), posixtest.RefDir(t), 2*time.Minute)
+	var names []string
+	if testBinding == "bazil" {
+		// bazil.org/fuse answers FUSE_LSEEK with ENOSYS, after which the
+		// kernel reports the whole file as data (TestBazilSeeksWithoutHoles).
+		names = posixtest.CaseNames(posixtest.LseekCases...)
+	}
+	posixtest.Compare(t, m.Dir(), posixtest.RefDir(t), 2*time.Minute, names...)
 }
 
 // TestMountReportsItself checks the mount table entry and statfs.
@@ -505,9 +511,6 @@ func TestPermissionsAsOtherUser(t *testing.T) {
 	// the owners and modes the mount reports.
 	out, err = asUser("ln -s rootfile ulink")
 	require.NoError(t, err, out)
-	if testBinding == BindingBazil {
-		return // S_ISVTX is not shown by bazil's stat, so the kernel sees no sticky directory
-	}
 	const knob = "/proc/sys/fs/protected_symlinks"
 	was, err := os.ReadFile(knob)
 	if err != nil {

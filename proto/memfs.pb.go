@@ -3531,7 +3531,19 @@ type Entry struct {
 	// same writes with ENOSPC whatever its own configuration: 0 keeps the
 	// budget in force (the replica's configured one until an entry sets
 	// one), 2^64-1 means no budget.
-	MemoryLimit   uint64 `protobuf:"varint,4,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
+	MemoryLimit uint64 `protobuf:"varint,4,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
+	// renew_first: the sessions of the entry's commands are renewed at
+	// time_ns before any lease is found run out, so a command that reached
+	// the leader while its session was live keeps the session however long
+	// the entry then waited to form (a stalled log store, a long queue).
+	// Leaders set it; an entry without it expires leases first, as entries
+	// of older leaders did.
+	RenewFirst bool `protobuf:"varint,85,opt,name=renew_first,json=renewFirst,proto3" json:"renew_first,omitempty"`
+	// renew_all: every session is renewed at time_ns before leases are
+	// checked. A leader sets it on its entries until one of them commits in
+	// its term, so the time without a leader (an election, a restart of the
+	// whole cluster) counts against no lease.
+	RenewAll      bool `protobuf:"varint,86,opt,name=renew_all,json=renewAll,proto3" json:"renew_all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3592,6 +3604,20 @@ func (x *Entry) GetMemoryLimit() uint64 {
 		return x.MemoryLimit
 	}
 	return 0
+}
+
+func (x *Entry) GetRenewFirst() bool {
+	if x != nil {
+		return x.RenewFirst
+	}
+	return false
+}
+
+func (x *Entry) GetRenewAll() bool {
+	if x != nil {
+		return x.RenewAll
+	}
+	return false
 }
 
 // Result is the outcome of one command or query. errno 0 is success;
@@ -4468,6 +4494,73 @@ func (*TokensQuery) Descriptor() ([]byte, []int) {
 	return file_memfs_proto_rawDescGZIP(), []int{49}
 }
 
+// SeekQuery finds data or a hole in a regular file as lseek(2) SEEK_DATA
+// and SEEK_HOLE do, from offset on: Result.n is the start of the first
+// chunk holding a block at or after offset (data), or the first offset at
+// or after offset in no stored chunk, or the end of file (hole). A chunk
+// without a block is a hole; a stored chunk is data in full. An offset at
+// or past the end of file, or negative, is ENXIO, as is data asked for
+// where only holes follow. Result.attr is the file's.
+type SeekQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Loc           *Loc                   `protobuf:"bytes,1,opt,name=loc,proto3" json:"loc,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Hole          bool                   `protobuf:"varint,3,opt,name=hole,proto3" json:"hole,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeekQuery) Reset() {
+	*x = SeekQuery{}
+	mi := &file_memfs_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeekQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeekQuery) ProtoMessage() {}
+
+func (x *SeekQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_memfs_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeekQuery.ProtoReflect.Descriptor instead.
+func (*SeekQuery) Descriptor() ([]byte, []int) {
+	return file_memfs_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *SeekQuery) GetLoc() *Loc {
+	if x != nil {
+		return x.Loc
+	}
+	return nil
+}
+
+func (x *SeekQuery) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SeekQuery) GetHole() bool {
+	if x != nil {
+		return x.Hole
+	}
+	return false
+}
+
 // TreeUsage is dedup accounting for a directory tree.
 type TreeUsage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -4481,7 +4574,7 @@ type TreeUsage struct {
 
 func (x *TreeUsage) Reset() {
 	*x = TreeUsage{}
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4586,7 @@ func (x *TreeUsage) String() string {
 func (*TreeUsage) ProtoMessage() {}
 
 func (x *TreeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[50]
+	mi := &file_memfs_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4599,7 @@ func (x *TreeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeUsage.ProtoReflect.Descriptor instead.
 func (*TreeUsage) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{50}
+	return file_memfs_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TreeUsage) GetFiles() uint64 {
@@ -4553,6 +4646,7 @@ type Query struct {
 	//	*Query_Lock
 	//	*Query_Tokens
 	//	*Query_Region
+	//	*Query_Seek
 	Q isQuery_Q `protobuf_oneof:"q"`
 	// root and owner are set by the node that received the query from the
 	// client, as in Command: root confines the query, and a read through a
@@ -4565,7 +4659,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4577,7 +4671,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[51]
+	mi := &file_memfs_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4590,7 +4684,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{51}
+	return file_memfs_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Query) GetQ() isQuery_Q {
@@ -4708,6 +4802,15 @@ func (x *Query) GetRegion() *RegionQuery {
 	return nil
 }
 
+func (x *Query) GetSeek() *SeekQuery {
+	if x != nil {
+		if x, ok := x.Q.(*Query_Seek); ok {
+			return x.Seek
+		}
+	}
+	return nil
+}
+
 func (x *Query) GetRoot() string {
 	if x != nil {
 		return x.Root
@@ -4774,6 +4877,10 @@ type Query_Region struct {
 	Region *RegionQuery `protobuf:"bytes,60,opt,name=region,proto3,oneof"`
 }
 
+type Query_Seek struct {
+	Seek *SeekQuery `protobuf:"bytes,85,opt,name=seek,proto3,oneof"`
+}
+
 func (*Query_Stat) isQuery_Q() {}
 
 func (*Query_Read) isQuery_Q() {}
@@ -4798,6 +4905,8 @@ func (*Query_Tokens) isQuery_Q() {}
 
 func (*Query_Region) isQuery_Q() {}
 
+func (*Query_Seek) isQuery_Q() {}
+
 // Every request carries the protocol version; a node refuses one it does not
 // speak with FAILED_PRECONDITION.
 type ApplyRequest struct {
@@ -4810,7 +4919,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4822,7 +4931,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[52]
+	mi := &file_memfs_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4835,7 +4944,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{52}
+	return file_memfs_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ApplyRequest) GetVersion() uint32 {
@@ -4862,7 +4971,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4874,7 +4983,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[53]
+	mi := &file_memfs_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4887,7 +4996,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{53}
+	return file_memfs_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -4920,7 +5029,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4932,7 +5041,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[54]
+	mi := &file_memfs_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4945,7 +5054,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{54}
+	return file_memfs_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QueryRequest) GetVersion() uint32 {
@@ -4986,7 +5095,7 @@ type QueryResponse struct {
 
 func (x *QueryResponse) Reset() {
 	*x = QueryResponse{}
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5107,7 @@ func (x *QueryResponse) String() string {
 func (*QueryResponse) ProtoMessage() {}
 
 func (x *QueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[55]
+	mi := &file_memfs_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5120,7 @@ func (x *QueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResponse.ProtoReflect.Descriptor instead.
 func (*QueryResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{55}
+	return file_memfs_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *QueryResponse) GetResult() *Result {
@@ -5043,7 +5152,7 @@ type WriteFrame struct {
 
 func (x *WriteFrame) Reset() {
 	*x = WriteFrame{}
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5055,7 +5164,7 @@ func (x *WriteFrame) String() string {
 func (*WriteFrame) ProtoMessage() {}
 
 func (x *WriteFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[56]
+	mi := &file_memfs_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5068,7 +5177,7 @@ func (x *WriteFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFrame.ProtoReflect.Descriptor instead.
 func (*WriteFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{56}
+	return file_memfs_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WriteFrame) GetVersion() uint32 {
@@ -5102,7 +5211,7 @@ type ReadFrame struct {
 
 func (x *ReadFrame) Reset() {
 	*x = ReadFrame{}
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5114,7 +5223,7 @@ func (x *ReadFrame) String() string {
 func (*ReadFrame) ProtoMessage() {}
 
 func (x *ReadFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[57]
+	mi := &file_memfs_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5127,7 +5236,7 @@ func (x *ReadFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFrame.ProtoReflect.Descriptor instead.
 func (*ReadFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{57}
+	return file_memfs_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReadFrame) GetResult() *Result {
@@ -5200,7 +5309,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5212,7 +5321,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[58]
+	mi := &file_memfs_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5225,7 +5334,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{58}
+	return file_memfs_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -5461,7 +5570,7 @@ type OpLatency struct {
 
 func (x *OpLatency) Reset() {
 	*x = OpLatency{}
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5473,7 +5582,7 @@ func (x *OpLatency) String() string {
 func (*OpLatency) ProtoMessage() {}
 
 func (x *OpLatency) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[59]
+	mi := &file_memfs_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5486,7 +5595,7 @@ func (x *OpLatency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpLatency.ProtoReflect.Descriptor instead.
 func (*OpLatency) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{59}
+	return file_memfs_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *OpLatency) GetName() string {
@@ -5534,7 +5643,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5546,7 +5655,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[60]
+	mi := &file_memfs_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5559,7 +5668,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{60}
+	return file_memfs_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatusRequest) GetVersion() uint32 {
@@ -5597,7 +5706,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5609,7 +5718,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[61]
+	mi := &file_memfs_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5622,7 +5731,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{61}
+	return file_memfs_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -5729,7 +5838,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5741,7 +5850,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[62]
+	mi := &file_memfs_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5754,7 +5863,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{62}
+	return file_memfs_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *JoinRequest) GetVersion() uint32 {
@@ -5800,7 +5909,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5812,7 +5921,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[63]
+	mi := &file_memfs_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5825,7 +5934,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{63}
+	return file_memfs_proto_rawDescGZIP(), []int{64}
 }
 
 type RemoveNodeRequest struct {
@@ -5838,7 +5947,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5850,7 +5959,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[64]
+	mi := &file_memfs_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5863,7 +5972,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{64}
+	return file_memfs_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RemoveNodeRequest) GetVersion() uint32 {
@@ -5888,7 +5997,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5900,7 +6009,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[65]
+	mi := &file_memfs_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5913,7 +6022,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{65}
+	return file_memfs_proto_rawDescGZIP(), []int{66}
 }
 
 // Block sync. Hashes are 32-byte SHA-256 block hashes; a request
@@ -5928,7 +6037,7 @@ type MissingBlocksRequest struct {
 
 func (x *MissingBlocksRequest) Reset() {
 	*x = MissingBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5940,7 +6049,7 @@ func (x *MissingBlocksRequest) String() string {
 func (*MissingBlocksRequest) ProtoMessage() {}
 
 func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[66]
+	mi := &file_memfs_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5953,7 +6062,7 @@ func (x *MissingBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksRequest.ProtoReflect.Descriptor instead.
 func (*MissingBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{66}
+	return file_memfs_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MissingBlocksRequest) GetVersion() uint32 {
@@ -5980,7 +6089,7 @@ type MissingBlocksResponse struct {
 
 func (x *MissingBlocksResponse) Reset() {
 	*x = MissingBlocksResponse{}
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5992,7 +6101,7 @@ func (x *MissingBlocksResponse) String() string {
 func (*MissingBlocksResponse) ProtoMessage() {}
 
 func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[67]
+	mi := &file_memfs_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6005,7 +6114,7 @@ func (x *MissingBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MissingBlocksResponse.ProtoReflect.Descriptor instead.
 func (*MissingBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{67}
+	return file_memfs_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *MissingBlocksResponse) GetMissing() []uint32 {
@@ -6025,7 +6134,7 @@ type FetchBlocksRequest struct {
 
 func (x *FetchBlocksRequest) Reset() {
 	*x = FetchBlocksRequest{}
-	mi := &file_memfs_proto_msgTypes[68]
+	mi := &file_memfs_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6037,7 +6146,7 @@ func (x *FetchBlocksRequest) String() string {
 func (*FetchBlocksRequest) ProtoMessage() {}
 
 func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[68]
+	mi := &file_memfs_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6050,7 +6159,7 @@ func (x *FetchBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchBlocksRequest.ProtoReflect.Descriptor instead.
 func (*FetchBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{68}
+	return file_memfs_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *FetchBlocksRequest) GetVersion() uint32 {
@@ -6083,7 +6192,7 @@ type BlockFrame struct {
 
 func (x *BlockFrame) Reset() {
 	*x = BlockFrame{}
-	mi := &file_memfs_proto_msgTypes[69]
+	mi := &file_memfs_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6095,7 +6204,7 @@ func (x *BlockFrame) String() string {
 func (*BlockFrame) ProtoMessage() {}
 
 func (x *BlockFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[69]
+	mi := &file_memfs_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6108,7 +6217,7 @@ func (x *BlockFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockFrame.ProtoReflect.Descriptor instead.
 func (*BlockFrame) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{69}
+	return file_memfs_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *BlockFrame) GetHash() []byte {
@@ -6155,7 +6264,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_memfs_proto_msgTypes[70]
+	mi := &file_memfs_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6167,7 +6276,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[70]
+	mi := &file_memfs_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6180,7 +6289,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{70}
+	return file_memfs_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *WatchRequest) GetVersion() uint32 {
@@ -6206,7 +6315,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_memfs_proto_msgTypes[71]
+	mi := &file_memfs_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6218,7 +6327,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[71]
+	mi := &file_memfs_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6231,7 +6340,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{71}
+	return file_memfs_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *WatchEvent) GetIndex() uint64 {
@@ -6277,7 +6386,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_memfs_proto_msgTypes[72]
+	mi := &file_memfs_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6289,7 +6398,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_memfs_proto_msgTypes[72]
+	mi := &file_memfs_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6302,7 +6411,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_memfs_proto_rawDescGZIP(), []int{72}
+	return file_memfs_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Recall) GetSession() uint64 {
@@ -6589,12 +6698,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\ftoken_revoke\x18# \x01(\v2\x18.memfs.v1.TokenRevokeCmdH\x00R\vtokenRevoke\x12*\n" +
 	"\x05leech\x18< \x01(\v2\x12.memfs.v1.LeechCmdH\x00R\x05leech\x120\n" +
 	"\ahandoff\x18= \x01(\v2\x14.memfs.v1.HandoffCmdH\x00R\ahandoffB\x04\n" +
-	"\x02op\"\x8c\x01\n" +
+	"\x02op\"\xca\x01\n" +
 	"\x05Entry\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x17\n" +
 	"\atime_ns\x18\x02 \x01(\x03R\x06timeNs\x12-\n" +
 	"\bcommands\x18\x03 \x03(\v2\x11.memfs.v1.CommandR\bcommands\x12!\n" +
-	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\"\x93\x06\n" +
+	"\fmemory_limit\x18\x04 \x01(\x04R\vmemoryLimit\x12\x1f\n" +
+	"\vrenew_first\x18U \x01(\bR\n" +
+	"renewFirst\x12\x1b\n" +
+	"\trenew_all\x18V \x01(\bR\brenewAll\"\x93\x06\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05errno\x18\x01 \x01(\rR\x05errno\x12\"\n" +
 	"\x04attr\x18\x02 \x01(\v2\x0e.memfs.v1.AttrR\x04attr\x12\x16\n" +
@@ -6661,12 +6773,16 @@ const file_memfs_proto_rawDesc = "" +
 	"\x05flock\x18\a \x01(\bR\x05flock\x12\x16\n" +
 	"\x06waiter\x18\b \x01(\x04R\x06waiter\x12\x12\n" +
 	"\x04wait\x18\t \x01(\bR\x04wait\"\r\n" +
-	"\vTokensQuery\"\x90\x01\n" +
+	"\vTokensQuery\"X\n" +
+	"\tSeekQuery\x12\x1f\n" +
+	"\x03loc\x18\x01 \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04hole\x18\x03 \x01(\bR\x04hole\"\x90\x01\n" +
 	"\tTreeUsage\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12#\n" +
 	"\rlogical_bytes\x18\x02 \x01(\x04R\flogicalBytes\x12%\n" +
 	"\x0ephysical_bytes\x18\x03 \x01(\x04R\rphysicalBytes\x12!\n" +
-	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\x88\x05\n" +
+	"\fshared_bytes\x18\x04 \x01(\x04R\vsharedBytes\"\xb3\x05\n" +
 	"\x05Query\x12)\n" +
 	"\x04stat\x18\x01 \x01(\v2\x13.memfs.v1.StatQueryH\x00R\x04stat\x12)\n" +
 	"\x04read\x18\x02 \x01(\v2\x13.memfs.v1.ReadQueryH\x00R\x04read\x123\n" +
@@ -6681,7 +6797,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04lock\x18\n" +
 	" \x01(\v2\x13.memfs.v1.LockQueryH\x00R\x04lock\x12/\n" +
 	"\x06tokens\x18\v \x01(\v2\x15.memfs.v1.TokensQueryH\x00R\x06tokens\x12/\n" +
-	"\x06region\x18< \x01(\v2\x15.memfs.v1.RegionQueryH\x00R\x06region\x12\x12\n" +
+	"\x06region\x18< \x01(\v2\x15.memfs.v1.RegionQueryH\x00R\x06region\x12)\n" +
+	"\x04seek\x18U \x01(\v2\x13.memfs.v1.SeekQueryH\x00R\x04seek\x12\x12\n" +
 	"\x04root\x182 \x01(\tR\x04root\x12\x14\n" +
 	"\x05owner\x183 \x01(\tR\x05ownerB\x03\n" +
 	"\x01q\"U\n" +
@@ -6863,7 +6980,7 @@ func file_memfs_proto_rawDescGZIP() []byte {
 }
 
 var file_memfs_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_memfs_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_memfs_proto_goTypes = []any{
 	(SetAttrBit)(0),               // 0: memfs.v1.SetAttrBit
 	(LockType)(0),                 // 1: memfs.v1.LockType
@@ -6919,29 +7036,30 @@ var file_memfs_proto_goTypes = []any{
 	(*UsageQuery)(nil),            // 51: memfs.v1.UsageQuery
 	(*LockQuery)(nil),             // 52: memfs.v1.LockQuery
 	(*TokensQuery)(nil),           // 53: memfs.v1.TokensQuery
-	(*TreeUsage)(nil),             // 54: memfs.v1.TreeUsage
-	(*Query)(nil),                 // 55: memfs.v1.Query
-	(*ApplyRequest)(nil),          // 56: memfs.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 57: memfs.v1.ApplyResponse
-	(*QueryRequest)(nil),          // 58: memfs.v1.QueryRequest
-	(*QueryResponse)(nil),         // 59: memfs.v1.QueryResponse
-	(*WriteFrame)(nil),            // 60: memfs.v1.WriteFrame
-	(*ReadFrame)(nil),             // 61: memfs.v1.ReadFrame
-	(*NodeStatus)(nil),            // 62: memfs.v1.NodeStatus
-	(*OpLatency)(nil),             // 63: memfs.v1.OpLatency
-	(*StatusRequest)(nil),         // 64: memfs.v1.StatusRequest
-	(*StatusResponse)(nil),        // 65: memfs.v1.StatusResponse
-	(*JoinRequest)(nil),           // 66: memfs.v1.JoinRequest
-	(*JoinResponse)(nil),          // 67: memfs.v1.JoinResponse
-	(*RemoveNodeRequest)(nil),     // 68: memfs.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 69: memfs.v1.RemoveNodeResponse
-	(*MissingBlocksRequest)(nil),  // 70: memfs.v1.MissingBlocksRequest
-	(*MissingBlocksResponse)(nil), // 71: memfs.v1.MissingBlocksResponse
-	(*FetchBlocksRequest)(nil),    // 72: memfs.v1.FetchBlocksRequest
-	(*BlockFrame)(nil),            // 73: memfs.v1.BlockFrame
-	(*WatchRequest)(nil),          // 74: memfs.v1.WatchRequest
-	(*WatchEvent)(nil),            // 75: memfs.v1.WatchEvent
-	(*Recall)(nil),                // 76: memfs.v1.Recall
+	(*SeekQuery)(nil),             // 54: memfs.v1.SeekQuery
+	(*TreeUsage)(nil),             // 55: memfs.v1.TreeUsage
+	(*Query)(nil),                 // 56: memfs.v1.Query
+	(*ApplyRequest)(nil),          // 57: memfs.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 58: memfs.v1.ApplyResponse
+	(*QueryRequest)(nil),          // 59: memfs.v1.QueryRequest
+	(*QueryResponse)(nil),         // 60: memfs.v1.QueryResponse
+	(*WriteFrame)(nil),            // 61: memfs.v1.WriteFrame
+	(*ReadFrame)(nil),             // 62: memfs.v1.ReadFrame
+	(*NodeStatus)(nil),            // 63: memfs.v1.NodeStatus
+	(*OpLatency)(nil),             // 64: memfs.v1.OpLatency
+	(*StatusRequest)(nil),         // 65: memfs.v1.StatusRequest
+	(*StatusResponse)(nil),        // 66: memfs.v1.StatusResponse
+	(*JoinRequest)(nil),           // 67: memfs.v1.JoinRequest
+	(*JoinResponse)(nil),          // 68: memfs.v1.JoinResponse
+	(*RemoveNodeRequest)(nil),     // 69: memfs.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 70: memfs.v1.RemoveNodeResponse
+	(*MissingBlocksRequest)(nil),  // 71: memfs.v1.MissingBlocksRequest
+	(*MissingBlocksResponse)(nil), // 72: memfs.v1.MissingBlocksResponse
+	(*FetchBlocksRequest)(nil),    // 73: memfs.v1.FetchBlocksRequest
+	(*BlockFrame)(nil),            // 74: memfs.v1.BlockFrame
+	(*WatchRequest)(nil),          // 75: memfs.v1.WatchRequest
+	(*WatchEvent)(nil),            // 76: memfs.v1.WatchEvent
+	(*Recall)(nil),                // 77: memfs.v1.Recall
 }
 var file_memfs_proto_depIdxs = []int32{
 	4,   // 0: memfs.v1.Dirent.attr:type_name -> memfs.v1.Attr
@@ -6999,7 +7117,7 @@ var file_memfs_proto_depIdxs = []int32{
 	4,   // 52: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
 	6,   // 53: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
 	7,   // 54: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	54,  // 55: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	55,  // 55: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
 	42,  // 56: memfs.v1.Result.results:type_name -> memfs.v1.Result
 	36,  // 57: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
 	39,  // 58: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
@@ -7012,56 +7130,58 @@ var file_memfs_proto_depIdxs = []int32{
 	5,   // 65: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
 	5,   // 66: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
 	1,   // 67: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
-	43,  // 68: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	44,  // 69: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	45,  // 70: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	46,  // 71: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	47,  // 72: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	48,  // 73: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	49,  // 74: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	50,  // 75: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	51,  // 76: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	52,  // 77: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
-	53,  // 78: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
-	33,  // 79: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
-	40,  // 80: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	42,  // 81: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	55,  // 82: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	3,   // 83: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	42,  // 84: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	40,  // 85: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	42,  // 86: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	63,  // 87: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
-	63,  // 88: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
-	62,  // 89: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	62,  // 90: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	6,   // 91: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	76,  // 92: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	56,  // 93: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	58,  // 94: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	60,  // 95: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	58,  // 96: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	64,  // 97: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	66,  // 98: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	68,  // 99: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	70,  // 100: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	72,  // 101: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	74,  // 102: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	57,  // 103: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	59,  // 104: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	57,  // 105: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	61,  // 106: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	65,  // 107: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	67,  // 108: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	69,  // 109: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	71,  // 110: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	73,  // 111: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	75,  // 112: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	103, // [103:113] is the sub-list for method output_type
-	93,  // [93:103] is the sub-list for method input_type
-	93,  // [93:93] is the sub-list for extension type_name
-	93,  // [93:93] is the sub-list for extension extendee
-	0,   // [0:93] is the sub-list for field type_name
+	5,   // 68: memfs.v1.SeekQuery.loc:type_name -> memfs.v1.Loc
+	43,  // 69: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	44,  // 70: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	45,  // 71: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	46,  // 72: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	47,  // 73: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	48,  // 74: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	49,  // 75: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	50,  // 76: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	51,  // 77: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	52,  // 78: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	53,  // 79: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	33,  // 80: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
+	54,  // 81: memfs.v1.Query.seek:type_name -> memfs.v1.SeekQuery
+	40,  // 82: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	42,  // 83: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	56,  // 84: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	3,   // 85: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	42,  // 86: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	40,  // 87: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	42,  // 88: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	64,  // 89: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
+	64,  // 90: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
+	63,  // 91: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	63,  // 92: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,   // 93: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	77,  // 94: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	57,  // 95: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	59,  // 96: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	61,  // 97: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	59,  // 98: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	65,  // 99: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	67,  // 100: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	69,  // 101: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	71,  // 102: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	73,  // 103: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	75,  // 104: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	58,  // 105: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	60,  // 106: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	58,  // 107: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	62,  // 108: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	66,  // 109: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	68,  // 110: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	70,  // 111: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	72,  // 112: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	74,  // 113: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	76,  // 114: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	105, // [105:115] is the sub-list for method output_type
+	95,  // [95:105] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
@@ -7099,7 +7219,7 @@ func file_memfs_proto_init() {
 		(*Command_Leech)(nil),
 		(*Command_Handoff)(nil),
 	}
-	file_memfs_proto_msgTypes[51].OneofWrappers = []any{
+	file_memfs_proto_msgTypes[52].OneofWrappers = []any{
 		(*Query_Stat)(nil),
 		(*Query_Read)(nil),
 		(*Query_ReadDir)(nil),
@@ -7112,6 +7232,7 @@ func file_memfs_proto_init() {
 		(*Query_Lock)(nil),
 		(*Query_Tokens)(nil),
 		(*Query_Region)(nil),
+		(*Query_Seek)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -7119,7 +7240,7 @@ func file_memfs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_memfs_proto_rawDesc), len(file_memfs_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   73,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -16,3 +16,8 @@ const LeaderTrailer = "memfs-leader"
 // MaxSyncHashes is the most block hashes one MissingBlocks or FetchBlocks
 // request may name.
 const MaxSyncHashes = 4096
+
+// MaxFileSize is the largest size of a file: a write or truncate past it
+// is EFBIG. The kernel assumes 2^63-1 for every FUSE mount, so the mount
+// checks it itself before it answers a write it has not sent yet.
+const MaxFileSize = 1 << 40

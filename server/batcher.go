@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -61,6 +62,13 @@ type batcher struct {
 
 	lastTime int64 // last stamp; only the run goroutine touches it
 
+	// term is Raft's current term (nil: always 0, in tests); renewedTerm
+	// the last term in which an entry marked renew_all committed. Until
+	// one has, this leader marks its entries so: the time without a
+	// leader before it counts against no session's lease.
+	term        func() uint64
+	renewedTerm atomic.Uint64
+
 	// memoryLimit is stamped on every entry: the leader's budget is the
 	// one every replica enforces (fsm.NoMemoryLimit when it has none).
 	memoryLimit uint64
@@ -70,6 +78,7 @@ type batcher struct {
 // store reports its writes to.
 func newBatcher(r *raft.Raft, clock func() time.Time, t RaftTuning, m *metrics, memoryLimit uint64, watch *storeWatch) *batcher {
 	b := newBatcherFunc(r.Apply, clock, t, m, memoryLimit, watch)
+	b.term = r.CurrentTerm
 	go b.run()
 	return b
 }
@@ -214,8 +223,16 @@ func (b *batcher) send(batch []*applyReq, small bool) {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
 	}
 	b.lastTime = now
-	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit,
-		Commands: make([]*pb.Command, len(batch))}
+	// RenewFirst: each command reached this leader before now, so its
+	// session is renewed before leases are checked at now; a stalled log
+	// store does not end the sessions whose keepalives wait here.
+	var term uint64
+	if b.term != nil {
+		term = b.term()
+	}
+	renewAll := term != b.renewedTerm.Load()
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit, RenewFirst: true,
+		RenewAll: renewAll, Commands: make([]*pb.Command, len(batch))}
 	for i, r := range batch {
 		entry.Commands[i] = r.cmd
 	}
@@ -240,6 +257,9 @@ func (b *batcher) send(batch []*applyReq, small bool) {
 		if err != nil {
 			b.finish(batch, err)
 			return
+		}
+		if renewAll {
+			b.renewedTerm.Store(term)
 		}
 		resp, _ := f.Response().(*applyResponse)
 		switch {

@@ -19,8 +19,7 @@
 // bazil caps reads and writes at 128 KiB per request, has no READDIRPLUS,
 // no RENAME2 flags and no splice, answers mkdir/symlink/link with its own
 // one-minute entry timeout, and drops the sticky bit when encoding modes
-// (stat through the mount never shows S_ISVTX; fsops enforces the
-// restricted deletion it stands for).
+// (the binding answers the GETATTR of a sticky inode itself, sticky.go).
 package bazilfs
 
 import (
@@ -64,6 +63,7 @@ type FS struct {
 	srv   atomic.Pointer[fs.Server]
 	stash attrStash
 	known fsops.KernelNodes
+	dev   atomic.Pointer[os.File] // the FUSE device, for sticky.go
 }
 
 var (
@@ -111,6 +111,9 @@ func New(ops fsops.Ops, cfg Config) *FS {
 // Serve answers the kernel's requests on conn until the file system is
 // unmounted.
 func (f *FS) Serve(conn *fuse.Conn) error {
+	if dev := devOf(conn); dev != nil {
+		f.dev.Store(dev)
+	}
 	srv := fs.New(conn, &fs.Config{Debug: f.cfg.Debug})
 	f.srv.Store(srv)
 	return srv.Serve(f)
@@ -212,6 +215,9 @@ func (f *FS) timeout(a fsops.Attr, def time.Duration) time.Duration {
 // fillAttr converts fsops attributes into bazil's.
 func (f *FS) fillAttr(out *fuse.Attr, a fsops.Attr) {
 	out.Valid = f.timeout(a, f.cfg.AttrTimeout)
+	if a.Mode&syscall.S_ISVTX != 0 && f.dev.Load() != nil {
+		out.Valid = 0 // bazil drops the bit: stat must ask (sticky.go)
+	}
 	out.Inode = a.Ino
 	out.Size = a.Size
 	out.Blocks = a.Blocks

@@ -34,11 +34,12 @@ func (n node) Attr(ctx context.Context, a *fuse.Attr) error {
 
 // Getattr implements fs.NodeGetattrer: stat always asks the cluster (the
 // kernel caches the answer for AttrTimeout).
-func (n node) Getattr(ctx context.Context, _ *fuse.GetattrRequest, resp *fuse.GetattrResponse) error {
+func (n node) Getattr(ctx context.Context, req *fuse.GetattrRequest, resp *fuse.GetattrResponse) error {
 	at, e := n.fs.ops.GetAttr(uninterrupted(ctx), n.ino)
 	if e != 0 {
 		return e
 	}
+	n.fs.answerSticky(req.Header.ID, at) // bazil's own reply then finds the request answered
 	n.fs.fillAttr(&resp.Attr, at)
 	return nil
 }

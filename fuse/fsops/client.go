@@ -247,7 +247,8 @@ func (o *ClientOps) cachedLookup(ctx context.Context, parent uint64, name string
 // file's writes (see attrbehind.go).
 func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a Attr, e syscall.Errno) {
 	defer guard("setattr", &e)
-	if in.SetSize && in.Size > 1<<62 {
+	if in.SetSize && in.Size > pb.MaxFileSize {
+		// The kernel allows any size below 2^63 on a FUSE mount.
 		return Attr{}, syscall.EFBIG
 	}
 	if a, ok := o.bufSetAttr(ino, in); ok {
@@ -501,6 +502,19 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, data []byte) (n int, e syscall.Errno) {
 	defer guard("write", &e)
 	f := o.file(handle)
+	if f == nil || !f.append {
+		// The kernel checks writes against 2^63-1 on a FUSE mount, so the
+		// cluster's limit is checked here as the kernel checks a local
+		// file system's: a write that would cross it is cut short there,
+		// one that starts at it is EFBIG. An append's end is where the
+		// cluster finds it, which refuses one crossing the limit.
+		if off >= pb.MaxFileSize {
+			return 0, syscall.EFBIG
+		}
+		if room := pb.MaxFileSize - off; int64(len(data)) > room {
+			data = data[:room]
+		}
+	}
 	if f != nil && !f.append {
 		// Only what the write covers, or the end of the file it may
 		// extend, goes stale: a sequential writer's earlier windows
@@ -549,6 +563,40 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 	}
 	return n, 0
 }
+
+// Lseek implements Ops. The cluster answers from the chunks it stores, so
+// what this mount holds of the file is committed first.
+func (o *ClientOps) Lseek(ctx context.Context, ino, _ uint64, off int64, whence int) (pos int64, e syscall.Errno) {
+	defer guard("lseek", &e)
+	var hole bool
+	switch whence {
+	case seekData:
+	case seekHole:
+		hole = true
+	default:
+		return 0, syscall.EINVAL
+	}
+	if off < 0 {
+		return 0, syscall.ENXIO
+	}
+	o.barrier(ino)
+	ctx, cancel := o.bound(ctx)
+	defer cancel()
+	if err := o.syncJournal(ctx, ino); err != nil {
+		return 0, errnoOf("lseek", err)
+	}
+	pos, err := o.c.SeekIno(ctx, ino, off, hole)
+	if err != nil {
+		return 0, errnoOf("lseek", err)
+	}
+	return pos, 0
+}
+
+// lseek(2)'s whence values for data and holes (Linux).
+const (
+	seekData = 3
+	seekHole = 4
+)
 
 // Flush implements Ops: the handle's collected writes are committed, and
 // the first failure among them is returned (to close(2)).

@@ -132,6 +132,9 @@ type Ops interface {
 	// committed to the cluster.
 	Fsync(ctx context.Context, ino uint64) syscall.Errno
 	Release(ctx context.Context, ino, handle uint64) syscall.Errno
+	// Lseek answers lseek(2)'s SEEK_DATA and SEEK_HOLE (whence) from
+	// off: where the next data or hole starts, or ENXIO.
+	Lseek(ctx context.Context, ino, handle uint64, off int64, whence int) (int64, syscall.Errno)
 
 	// ReadDir lists "." and ".." first, then the directory's entries.
 	ReadDir(ctx context.Context, ino uint64) ([]DirEntry, syscall.Errno)

@@ -70,6 +70,18 @@ func (f *FS) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return status(f.ops.Fsync(ctx(), in.NodeId))
 }
 
+// Lseek implements fuse.RawFileSystem: the kernel asks only for SEEK_DATA
+// and SEEK_HOLE and sets the position itself; the offset arrives as the
+// 64-bit pattern of a signed one, so a negative offset is ENXIO there.
+func (f *FS) Lseek(_ <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) fuse.Status {
+	pos, e := f.ops.Lseek(ctx(), in.NodeId, in.Fh, int64(in.Offset), int(in.Whence))
+	if e != 0 {
+		return status(e)
+	}
+	out.Offset = uint64(pos)
+	return fuse.OK
+}
+
 // Release implements fuse.RawFileSystem (the last close), which also ends
 // the open file's flock lock.
 func (f *FS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {

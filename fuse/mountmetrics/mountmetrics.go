@@ -133,7 +133,7 @@ var errnoNames = map[syscall.Errno]string{
 	syscall.EWOULDBLOCK: "EWOULDBLOCK", syscall.EIO: "EIO", syscall.EACCES: "EACCES", syscall.EPERM: "EPERM",
 	syscall.ENODATA: "ENODATA", syscall.ERANGE: "ERANGE", syscall.EXDEV: "EXDEV", syscall.EINTR: "EINTR",
 	syscall.ENOSYS: "ENOSYS", syscall.EROFS: "EROFS", syscall.EMLINK: "EMLINK", syscall.ELOOP: "ELOOP",
-	syscall.EFBIG: "EFBIG", syscall.ENOTSUP: "ENOTSUP",
+	syscall.EFBIG: "EFBIG", syscall.ENOTSUP: "ENOTSUP", syscall.ENXIO: "ENXIO",
 }
 
 // Wrap returns ops measured by m. Operations Ops gains later pass

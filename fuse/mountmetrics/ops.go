@@ -56,6 +56,11 @@ func (o measured) Flush(ctx context.Context, ino, handle uint64) (e syscall.Errn
 	return o.Ops.Flush(ctx, ino, handle)
 }
 
+func (o measured) Lseek(ctx context.Context, ino, handle uint64, off int64, whence int) (r0 int64, e syscall.Errno) {
+	defer o.m.observe("lseek", time.Now(), &e)
+	return o.Ops.Lseek(ctx, ino, handle, off, whence)
+}
+
 func (o measured) Fsync(ctx context.Context, ino uint64) (e syscall.Errno) {
 	defer o.m.observe("fsync", time.Now(), &e)
 	return o.Ops.Fsync(ctx, ino)

@@ -66,6 +66,8 @@ var Cases = map[string]Case{
 	"rewinddir":       rewinddirCase,
 	"seekdir":         seekdirCase,
 	"locks":           locks,
+	"seek_data_hole":  seekDataHole,
+	"seek_huge":       seekHuge,
 }
 
 func files(r *Rec) {
@@ -280,6 +282,74 @@ func sparse(r *Rec) {
 	r.Truncate("f", 20<<20)
 	r.Sparse("f")
 	r.Stat("f")
+}
+
+// lseek(2)'s whence values for data and holes (Linux).
+const (
+	seekData = 3
+	seekHole = 4
+)
+
+// seekDataHole: SEEK_DATA and SEEK_HOLE on hole, data, hole, data, hole,
+// before and after fsync. Data is written in whole MiBs of non-zero bytes
+// (or up to the end of file), so that the answers agree whatever the
+// allocation unit (a page of tmpfs, a chunk of the cluster) as long as it
+// divides 1 MiB. An offset at or past the end, or negative, is ENXIO.
+func seekDataHole(r *Rec) {
+	const mb = 1 << 20
+	r.Open("a", "f", rdwr|creat, 0o644)
+	for _, w := range []int{seekData, seekHole} {
+		r.Seek("a", 0, w) // empty file
+	}
+	r.Pwrite("a", Data(31, mb), mb)
+	r.Pwrite("a", Data(32, mb), 3*mb)
+	r.Ftruncate("a", 5*mb)
+	offsets := []int64{0, 1, mb - 1, mb, mb + 5, 2*mb - 1, 2 * mb, 3*mb + 4096, 4 * mb, 5*mb - 1, 5 * mb, 5*mb + 1, -1}
+	for _, sync := range []bool{false, true} {
+		if sync {
+			r.Fsync("a")
+		}
+		for _, off := range offsets {
+			r.Seek("a", off, seekData)
+			r.Seek("a", off, seekHole)
+		}
+	}
+	// Data up to an end of file that is not on a MiB boundary.
+	r.Pwrite("a", Data(33, 100), 5*mb)
+	for _, off := range []int64{4 * mb, 5 * mb, 5*mb + 99, 5*mb + 100} {
+		r.Seek("a", off, seekData)
+		r.Seek("a", off, seekHole)
+	}
+	r.Seek("a", 0, 1) // the position the last lseek left
+	r.Ftruncate("a", mb+10)
+	r.Seek("a", 0, seekData)
+	r.Seek("a", mb, seekHole)
+	r.Seek("a", 2*mb, seekData)
+	r.Close("a")
+	r.Open("b", "f", rdonly, 0)
+	r.Seek("b", 2, seekData)
+	r.Seek("b", 2, seekHole)
+	r.Close("b")
+}
+
+// seekHuge: a sparse file with data at the start and just below 1 TiB
+// (the cluster's largest file size), found across the hole between, as
+// the huge-file checks of xfstests' seek_sanity_test do.
+func seekHuge(r *Rec) {
+	const mb, end = 1 << 20, 1 << 40
+	r.Open("a", "f", rdwr|creat, 0o644)
+	r.Pwrite("a", Data(41, mb), 0)
+	r.Pwrite("a", Data(42, mb), end-mb)
+	r.Fstat("a")
+	for _, off := range []int64{0, 1, mb, 8 << 30, end - 2*mb, end - mb, end - mb + 1, end - 1, end, end + 1} {
+		r.Seek("a", off, seekData)
+		r.Seek("a", off, seekHole)
+	}
+	r.Pread("a", 16, end-16)
+	r.Pread("a", 16, end-mb-8)
+	r.Ftruncate("a", 2*mb)
+	r.Seek("a", mb, seekData)
+	r.Close("a")
 }
 
 func appendCase(r *Rec) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -27,6 +28,23 @@ func RefDir(t testing.TB) string {
 	return t.TempDir()
 }
 
+// LseekCases need the file system to answer SEEK_DATA and SEEK_HOLE
+// itself (FUSE_LSEEK); without it the kernel reports the whole file as
+// data.
+var LseekCases = []string{"seek_data_hole", "seek_huge"}
+
+// CaseNames lists every case but those in except, sorted.
+func CaseNames(except ...string) []string {
+	var names []string
+	for n := range Cases {
+		if !slices.Contains(except, n) {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
 // Compare runs the named cases (all when names is empty), each in a new
 // subdirectory of mount and of ref, and fails t for each case whose
 // transcripts differ. A case that takes longer than timeout on either side
@@ -34,10 +52,7 @@ func RefDir(t testing.TB) string {
 // mount is torn down.
 func Compare(t *testing.T, mount, ref string, timeout time.Duration, names ...string) {
 	if len(names) == 0 {
-		for n := range Cases {
-			names = append(names, n)
-		}
-		sort.Strings(names)
+		names = CaseNames()
 	}
 	for _, name := range names {
 		c, ok := Cases[name]

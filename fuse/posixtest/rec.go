@@ -76,6 +76,7 @@ func errnoName(e syscall.Errno) string {
 		syscall.EIO: "EIO", syscall.EBUSY: "EBUSY", syscall.ENOTSUP: "ENOTSUP",
 		syscall.EMLINK: "EMLINK", syscall.EFBIG: "EFBIG", syscall.ESPIPE: "ESPIPE",
 		syscall.EAGAIN: "EAGAIN", syscall.ENOSYS: "ENOSYS", syscall.EROFS: "EROFS",
+		syscall.ENXIO: "ENXIO",
 	}
 	if n, ok := names[e]; ok {
 		return n
