@@ -471,8 +471,8 @@ func zeros(n uint64) []byte {
 }
 
 // readData returns length bytes of n from off (fewer at end of file) and
-// whether the range reaches the end of file. A range within one stored
-// chunk is a slice of the block, not a copy.
+// whether the range reaches the end of file, always in a buffer of its
+// own.
 func (s *state) readData(n *inode, off, length uint64) ([]byte, bool) {
 	length = min(length, maxReadLen)
 	if off >= n.size {
@@ -492,7 +492,10 @@ func (s *state) readData(n *inode, off, length uint64) ([]byte, bool) {
 			return zeros(hi - lo), eof
 		}
 		if d := b.Data(); hi <= uint64(len(d)) {
-			return d[lo:hi:hi], eof
+			// A copy: the block's memory is off the Go heap and goes back
+			// to the kernel once the block is unreachable, which may be
+			// before the caller is done with the slice.
+			return append([]byte(nil), d[lo:hi]...), eof
 		}
 	}
 	buf := make([]byte, end-off)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -62,8 +63,9 @@ type batcher struct {
 	lastTime int64 // last stamp; only the run goroutine touches it
 
 	// memoryLimit is stamped on every entry: the leader's budget is the
-	// one every replica enforces (fsm.NoMemoryLimit when it has none).
-	memoryLimit uint64
+	// one every replica enforces (fsm.NoMemoryLimit when it has none). The
+	// memory governor lowers it as the process's other memory grows.
+	memoryLimit atomic.Uint64
 }
 
 // newBatcher starts a batcher for r. watch must be the one the leader's log
@@ -80,8 +82,8 @@ func newBatcherFunc(apply func([]byte, time.Duration) raft.ApplyFuture, clock fu
 	if memoryLimit == 0 {
 		memoryLimit = fsm.NoMemoryLimit
 	}
-	return &batcher{
-		apply: apply, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
+	b := &batcher{
+		apply: apply, clock: clock, tuning: t, metrics: m,
 		in:     make(chan *applyReq, 4*t.MaxBatchCommands),
 		slots:  make(chan struct{}, t.MaxInflightApplies),
 		large:  make(chan struct{}, t.MaxInflightLargeApplies),
@@ -90,6 +92,8 @@ func newBatcherFunc(apply func([]byte, time.Duration) raft.ApplyFuture, clock fu
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	b.memoryLimit.Store(memoryLimit)
+	return b
 }
 
 // submit queues cmd and waits for its result. If ctx ends first the command
@@ -214,7 +218,7 @@ func (b *batcher) send(batch []*applyReq, small bool) {
 		now = b.lastTime + 1 // log time never runs backwards under one leader
 	}
 	b.lastTime = now
-	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit,
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit.Load(),
 		Commands: make([]*pb.Command, len(batch))}
 	for i, r := range batch {
 		entry.Commands[i] = r.cmd

@@ -13,15 +13,18 @@ const DefaultChunkSize = 64 << 10
 // Block is one immutable chunk of data. Its bytes must never be modified.
 type Block struct {
 	hash Hash
-	data []byte
-	refs int64 // guarded by Store.mu
+	data []byte // mem.data, kept here to save a load on every read
+	mem  *slot  // keeps data's memory alive while the block is reachable
+	refs int64  // guarded by Store.mu
 }
 
 // Hash returns the block's content hash.
 func (b *Block) Hash() Hash { return b.hash }
 
 // Data returns the block's bytes. The slice is shared: callers must not
-// modify it.
+// modify it, and must hold b for as long as they use it (the bytes are off
+// the Go heap and go back to the kernel once b is unreachable), or copy
+// them.
 func (b *Block) Data() []byte { return b.data }
 
 // Len returns the block's length in bytes; 0 for a nil block (a hole).
@@ -129,27 +132,47 @@ func (s *Store) PutHashed(h Hash, data []byte) *Block {
 		s.refLocked(b)
 		return b
 	}
-	b := &Block{hash: h, data: append(make([]byte, 0, len(data)), data...)}
+	b := s.newBlock(h, newSlot(s.chunkSize, data))
 	s.blocks[h] = b
 	s.physical.Add(uint64(len(data)))
 	s.refLocked(b)
 	return b
 }
 
-// Adopt is PutHashed for a buffer the caller hands over: it is stored
-// without a copy when new, so the caller must not touch it afterwards.
-func (s *Store) Adopt(h Hash, data []byte) *Block {
+// Adopt is PutHashed for a buffer the caller hands over and will not
+// touch again. Block bytes live in the arena, so it is copied there like
+// any other; the caller's buffer becomes garbage.
+func (s *Store) Adopt(h Hash, data []byte) *Block { return s.PutHashed(h, data) }
+
+// Share stores another store's block b, with one reference, sharing its
+// bytes rather than copying them (a restore keeps the blocks the state it
+// replaces already holds). b's memory lives while either block does.
+func (s *Store) Share(b *Block) *Block {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b := s.blocks[h]; b != nil {
-		s.refLocked(b)
-		return b
+	if have := s.blocks[b.hash]; have != nil {
+		s.refLocked(have)
+		return have
 	}
-	b := &Block{hash: h, data: data}
-	s.blocks[h] = b
-	s.physical.Add(uint64(len(data)))
-	s.refLocked(b)
-	return b
+	nb := s.newBlock(b.hash, b.mem)
+	s.blocks[b.hash] = nb
+	s.physical.Add(uint64(len(nb.data)))
+	s.refLocked(nb)
+	return nb
+}
+
+// NewBlock puts a copy of data in block memory as a block of no store yet,
+// for a caller that gathers blocks before a store takes them with Share (a
+// restore fetching blocks from peers), so that they are held once, off the
+// heap, rather than on the heap and then again in block memory. The caller
+// vouches that h == Sum(data).
+func NewBlock(chunkSize int, h Hash, data []byte) *Block {
+	mem := newSlot(chunkSize, data)
+	return &Block{hash: h, data: mem.data, mem: mem}
+}
+
+func (s *Store) newBlock(h Hash, mem *slot) *Block {
+	return &Block{hash: h, data: mem.data, mem: mem}
 }
 
 // Ref adds a reference to a stored block (a clone, a hard copy, a write
