@@ -10,7 +10,9 @@ import (
 
 // BlockSink receives the blocks of a snapshot written with WriteExternal.
 // PutBlock is called once per unique block, from the goroutine running
-// WriteExternal; data is immutable and must not be modified. A sink that
+// WriteExternal; data is valid only during the call (it is the block's
+// own memory, which another block may take once the call returns) and
+// must be neither modified nor kept. A sink that
 // already holds h should return at once: persisting then costs only what
 // changed since the last snapshot.
 type BlockSink interface {
@@ -57,7 +59,9 @@ func (sw *snapWriter) extern(sink BlockSink, written map[block.Hash]struct{}, re
 	h := b.Hash()
 	if _, ok := written[h]; !ok {
 		written[h] = struct{}{}
-		if err := sink.PutBlock(h, b.Data()); err != nil {
+		var err error
+		b.View(func(d []byte) { err = sink.PutBlock(h, d) }) // the sink must not keep d
+		if err != nil {
 			sw.err = fmt.Errorf("persist block %s: %w", h.Short(), err)
 			return
 		}

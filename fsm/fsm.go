@@ -187,7 +187,7 @@ func (f *FSM) StoredChunk(p []byte) (hash []byte, stored bool) {
 // unreachable, however long the caller keeps the slice.
 func (f *FSM) Block(h block.Hash) []byte {
 	if b := f.cur.Load().blocks.Get(h); b != nil {
-		return append([]byte(nil), b.Data()...)
+		return b.Bytes()
 	}
 	return nil
 }

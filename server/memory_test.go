@@ -12,9 +12,10 @@ import (
 // TestProcessLimitLeavesBlocksTheRest runs a one-node cluster with a
 // whole-process limit 384 MiB above what the test process already holds
 // (the governor measures the whole process, which holds what earlier
-// tests of the package left, and more under the race detector). The budget it stamps is the limit less what the
-// process needs besides blocks, every replica enforces it, writes past it
-// get ENOSPC, and the process's anonymous memory stays under the limit.
+// tests of the package left, and more under the race detector). The
+// budget it stamps is the limit less what the process needs besides
+// blocks, every replica enforces it, writes past it get ENOSPC, and the
+// process's anonymous memory stays under the limit.
 // The node is ephemeral, so its Raft log is on the heap too and counts
 // against the limit like any other memory.
 func TestProcessLimitLeavesBlocksTheRest(t *testing.T) {

@@ -24,8 +24,8 @@ import (
 //   - A slot is freed when its last holder becomes unreachable, not when
 //     the store drops its reference: a snapshot streaming an old state,
 //     or a restored state sharing an old store's block, keeps the *Block
-//     (and so the slot) alive. Code that hands a block's bytes to someone
-//     who does not hold the *Block must copy them.
+//     (and so the slot) alive. A slice of the slot alone does not, which
+//     is why the bytes are reached only through Block's accessors.
 
 // slabBytes is the smallest mapping the arena makes; a larger chunk size
 // gets slabs of one slot.
@@ -194,7 +194,6 @@ func (r slotRef) release() {
 	// the arena mapped.
 	_ = syscall.Madvise(s.mem[off:off+pages(r.n)], syscall.MADV_DONTNEED)
 	arenaResident.Add(-int64(pages(r.n)))
-	arenaSlots.Add(-1)
 	s.free = append(s.free, int32(r.slot))
 	s.live--
 	if s.live == 0 && a.others(r.slab) {
@@ -202,6 +201,7 @@ func (r slotRef) release() {
 		_ = syscall.Munmap(s.mem)
 		a.slabs[r.slab] = nil
 	}
+	arenaSlots.Add(-1) // last: a reader of Slots sees the other figures settled
 }
 
 // others reports whether the arena has a mapped slab besides slab i.

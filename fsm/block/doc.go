@@ -17,6 +17,8 @@
 // bookkeeping: the store drops its own pointer when the count reaches zero,
 // while readers, snapshots and transfers that still hold the *Block keep its
 // bytes alive until they let go; the collector then runs a cleanup that
-// returns the slot. A slice of a block's bytes alone keeps nothing alive:
-// whoever hands bytes beyond the *Block's holder copies them.
+// returns the slot. A slice of a block's bytes alone keeps nothing alive,
+// so no such slice leaves this package: callers copy (ReadAt, Bytes) or
+// borrow the bytes for the length of a callback (View), and each of these
+// keeps the *Block reachable until it returns.
 package block

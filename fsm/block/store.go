@@ -2,6 +2,7 @@ package block
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,7 +14,7 @@ const DefaultChunkSize = 64 << 10
 // Block is one immutable chunk of data. Its bytes must never be modified.
 type Block struct {
 	hash Hash
-	data []byte // mem.data, kept here to save a load on every read
+	data []byte // mem.data, kept here to save a load on every read; never handed out (View)
 	mem  *slot  // keeps data's memory alive while the block is reachable
 	refs int64  // guarded by Store.mu
 }
@@ -21,11 +22,39 @@ type Block struct {
 // Hash returns the block's content hash.
 func (b *Block) Hash() Hash { return b.hash }
 
-// Data returns the block's bytes. The slice is shared: callers must not
-// modify it, and must hold b for as long as they use it (the bytes are off
-// the Go heap and go back to the kernel once b is unreachable), or copy
-// them.
-func (b *Block) Data() []byte { return b.data }
+// The block's bytes are reached only through View, ReadAt and Bytes.
+// They live off the Go heap, in a slot that goes back to the arena (and
+// then to another block) once the *Block is unreachable, and a slice of
+// them alone does not keep the *Block reachable. Each accessor therefore
+// holds b (runtime.KeepAlive) until it has finished with the bytes, and
+// the raw slice never leaves this package except inside View's callback.
+
+// View calls fn with the block's bytes, which stay valid until fn returns
+// and not a moment longer: fn must not modify them, keep them, or hand
+// them to anything that keeps them (an io.Writer may take them: Write
+// must not retain its argument).
+func (b *Block) View(fn func(data []byte)) {
+	fn(b.data)
+	runtime.KeepAlive(b)
+}
+
+// ReadAt copies the block's bytes from off into p and returns how many it
+// copied: fewer than len(p) at the block's end, 0 from off >= Len().
+func (b *Block) ReadAt(p []byte, off int) int {
+	if b == nil || off >= len(b.data) {
+		return 0
+	}
+	n := copy(p, b.data[off:])
+	runtime.KeepAlive(b)
+	return n
+}
+
+// Bytes returns a copy of the block's bytes on the Go heap.
+func (b *Block) Bytes() []byte {
+	p := make([]byte, b.Len())
+	b.ReadAt(p, 0)
+	return p
+}
 
 // Len returns the block's length in bytes; 0 for a nil block (a hole).
 func (b *Block) Len() int {
