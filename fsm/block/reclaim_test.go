@@ -13,7 +13,7 @@ import (
 
 // reclaimSlot is a slot size no other test uses, so that the slots this
 // test frees are reused by this test's own blocks and nothing else.
-const reclaimSlot = 512 << 10
+const reclaimSlot = 128 << 10
 
 // fillBlock writes the content of block id: every 8-byte word names id
 // and its own position, so a byte of another block, or of a freed slot
@@ -63,9 +63,11 @@ func TestReadersNeverSeeReusedSlots(t *testing.T) {
 		cur[i].Store(put())
 	}
 
-	steps := 2000
+	// Without the hold, a reader saw a freed or reused slot within a few
+	// hundred steps in most runs.
+	steps := 1000
 	if testing.Short() {
-		steps = 400
+		steps = 150
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
