@@ -68,8 +68,10 @@ type Applier interface {
 	Snapshot() Snapshot
 	Restore(r io.Reader) error
 	RestoreFrom(ctx context.Context, r io.Reader, src BlockSource) error
-	// Block returns the bytes of a stored block (immutable), or nil.
+	// Block returns a copy of the bytes of a stored block, or nil.
 	Block(h block.Hash) []byte
+	// HasBlock reports whether a block is stored.
+	HasBlock(h block.Hash) bool
 	// CapsReleased and NextRevoke tell a leader when a command refused for
 	// a recall may pass (caps.go).
 	CapsReleased() <-chan struct{}

@@ -273,3 +273,76 @@ func BenchmarkSnapshotPause1M(b *testing.B) {
 		b.ReportMetric(float64(size), "snapshot-bytes")
 	}
 }
+
+// BenchmarkMetadataPerFile creates 1M empty files (256 per entry, 10,000
+// per directory) and reports the live heap they take per file, then
+// writes a snapshot of them while another 100,000 creates apply and
+// reports the most the live heap grew meanwhile (sampled every 5 ms, so
+// an underestimate of short peaks). Run it with -benchtime 1x: each run
+// makes its own million.
+func BenchmarkMetadataPerFile(b *testing.B) {
+	const files, perDir, perEntry = 1_000_000, 10_000, 256
+	live := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	create := func(h *ft.Harness, from, to int) {
+		for n := from; n < to; n += perEntry {
+			cmds := make([]*pb.Command, 0, perEntry)
+			for i := n; i < min(n+perEntry, to); i++ {
+				if i%perDir == 0 {
+					h.Must(ft.Mkdir(fmt.Sprintf("/d%d", i/perDir), 0o755))
+				}
+				cmds = append(cmds, ft.Mknod(fmt.Sprintf("/d%d/file-%07d", i/perDir, i), syscall.S_IFREG|0o644, 0))
+			}
+			for _, r := range h.Apply(cmds...) {
+				if r.Errno != 0 {
+					b.Fatal(r.Message)
+				}
+			}
+		}
+	}
+	for b.Loop() {
+		h := ft.New(b, fsm.Config{})
+		before := live()
+		create(h, 0, files)
+		after := live()
+		b.ReportMetric(float64(after-before)/files, "B/file")
+
+		snap := h.F.Snapshot()
+		var peak atomic.Uint64
+		done := make(chan struct{})
+		go func() {
+			var m runtime.MemStats
+			t := time.NewTicker(5 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					runtime.ReadMemStats(&m)
+					if m.HeapAlloc > peak.Load() {
+						peak.Store(m.HeapAlloc)
+					}
+				}
+			}
+		}()
+		wrote := make(chan int64)
+		go func() {
+			n, err := snap.WriteTo(io.Discard)
+			if err != nil {
+				b.Error(err)
+			}
+			wrote <- n
+		}()
+		create(h, files, files+100_000)
+		size := <-wrote
+		close(done)
+		b.ReportMetric(float64(size)/files, "snapshot-B/file")
+		b.ReportMetric(float64(peak.Load()-min(peak.Load(), after))/(1<<20), "heap-growth-MiB")
+		runtime.KeepAlive(h)
+	}
+}

@@ -43,9 +43,7 @@ func (t *tx) planWrite(n *inode, off uint64, data []byte) plan {
 			op.data = piece
 		} else {
 			buf := make([]byte, max(oldLen, hi))
-			if op.old != nil {
-				copy(buf, op.old.Data())
-			}
+			op.old.ReadAt(buf, 0)
 			copy(buf[lo:], piece)
 			op.data, op.own = buf, true
 		}
@@ -76,7 +74,7 @@ func (t *tx) planTruncate(n *inode, size uint64) plan {
 	if cut := size % cs; cut != 0 {
 		if old := t.chunk(n.ino, size/cs); old != nil && uint64(old.Len()) > cut {
 			op := chunkOp{idx: size / cs, old: old, data: make([]byte, cut), own: true}
-			copy(op.data, old.Data())
+			old.ReadAt(op.data, 0)
 			op.seal()
 			p.ops = append(p.ops, op)
 		}
@@ -471,8 +469,8 @@ func zeros(n uint64) []byte {
 }
 
 // readData returns length bytes of n from off (fewer at end of file) and
-// whether the range reaches the end of file. A range within one stored
-// chunk is a slice of the block, not a copy.
+// whether the range reaches the end of file, always in a buffer of its
+// own.
 func (s *state) readData(n *inode, off, length uint64) ([]byte, bool) {
 	length = min(length, maxReadLen)
 	if off >= n.size {
@@ -491,8 +489,13 @@ func (s *state) readData(n *inode, off, length uint64) ([]byte, bool) {
 		if b == nil || uint64(b.Len()) <= lo {
 			return zeros(hi - lo), eof
 		}
-		if d := b.Data(); hi <= uint64(len(d)) {
-			return d[lo:hi:hi], eof
+		if hi <= uint64(b.Len()) {
+			// A copy: the block's memory is off the Go heap and goes back
+			// to the kernel once the block is unreachable, which may be
+			// before the caller is done with the result.
+			buf := make([]byte, hi-lo)
+			b.ReadAt(buf, int(lo))
+			return buf, eof
 		}
 	}
 	buf := make([]byte, end-off)
@@ -501,11 +504,8 @@ func (s *state) readData(n *inode, off, length uint64) ([]byte, bool) {
 			return false
 		}
 		cstart := idx * cs
-		d := b.Data()
 		lo := max(off, cstart) - cstart
-		if lo < uint64(len(d)) {
-			copy(buf[cstart+lo-off:], d[lo:min(uint64(len(d)), end-cstart)])
-		}
+		b.ReadAt(buf[cstart+lo-off:end-off], int(lo))
 		return true
 	})
 	return buf, eof

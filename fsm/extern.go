@@ -10,7 +10,9 @@ import (
 
 // BlockSink receives the blocks of a snapshot written with WriteExternal.
 // PutBlock is called once per unique block, from the goroutine running
-// WriteExternal; data is immutable and must not be modified. A sink that
+// WriteExternal; data is valid only during the call (it is the block's
+// own memory, which another block may take once the call returns) and
+// must be neither modified nor kept. A sink that
 // already holds h should return at once: persisting then costs only what
 // changed since the last snapshot.
 type BlockSink interface {
@@ -29,12 +31,12 @@ type BlockWant struct {
 	FileSize uint64
 }
 
-// BlockSource supplies the blocks a restore lacks. Blocks returns the bytes
-// of every wanted block, each already checked against its hash (the state
-// machine checks the length). It is called at most once per restore, from
+// BlockSource supplies the blocks a restore lacks. Blocks returns every
+// wanted block in block memory (block.NewBlock), each already checked
+// against its hash (the state machine checks the hash and the length). It is called at most once per restore, from
 // the restoring goroutine, and may take as long as ctx allows.
 type BlockSource interface {
-	Blocks(ctx context.Context, want []BlockWant) (map[block.Hash][]byte, error)
+	Blocks(ctx context.Context, want []BlockWant) (map[block.Hash]*block.Block, error)
 }
 
 // RestoreFrom is Restore for a snapshot that may name blocks by hash
@@ -57,7 +59,9 @@ func (sw *snapWriter) extern(sink BlockSink, written map[block.Hash]struct{}, re
 	h := b.Hash()
 	if _, ok := written[h]; !ok {
 		written[h] = struct{}{}
-		if err := sink.PutBlock(h, b.Data()); err != nil {
+		var err error
+		b.View(func(d []byte) { err = sink.PutBlock(h, d) }) // the sink must not keep d
+		if err != nil {
 			sw.err = fmt.Errorf("persist block %s: %w", h.Short(), err)
 			return
 		}
@@ -101,7 +105,7 @@ func (rs *restorer) externChunk(d *dec) error {
 			if uint64(b.Len()) != size {
 				return badSnap("block %s: %d bytes, held %d", h.Short(), size, b.Len())
 			}
-			s.chunks.put(key, s.blocks.Adopt(h, b.Data())) // immutable: shared, not copied
+			s.chunks.put(key, s.blocks.Share(b)) // immutable: shared, not copied
 			return nil
 		}
 	}
@@ -154,11 +158,16 @@ func (rs *restorer) fetchPending(ctx context.Context, src BlockSource) error {
 			}
 			continue
 		}
-		data, ok := got[p.hash]
-		if !ok || uint64(len(data)) != p.size {
-			return badSnap("block %s: source returned %d bytes (ok %v), want %d", p.hash.Short(), len(data), ok, p.size)
+		b, ok := got[p.hash]
+		switch {
+		case !ok || uint64(b.Len()) != p.size:
+			return badSnap("block %s: source returned %d bytes (ok %v), want %d", p.hash.Short(), b.Len(), ok, p.size)
+		case b.Hash() != p.hash:
+			return badSnap("block %s: source returned block %s", p.hash.Short(), b.Hash().Short())
 		}
-		s.chunks.put(p.key, s.blocks.Adopt(p.hash, data))
+		// Shared, not copied: the source put it in block memory. A later
+		// chunk naming the same block finds it stored.
+		s.chunks.put(p.key, s.blocks.Share(b))
 	}
 	return nil
 }

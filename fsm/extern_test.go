@@ -37,16 +37,16 @@ func (mb *memBlocks) PutBlock(h block.Hash, data []byte) error {
 	return nil
 }
 
-func (mb *memBlocks) Blocks(_ context.Context, want []fsm.BlockWant) (map[block.Hash][]byte, error) {
+func (mb *memBlocks) Blocks(_ context.Context, want []fsm.BlockWant) (map[block.Hash]*block.Block, error) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	mb.asked = append(mb.asked, want...)
-	out := map[block.Hash][]byte{}
+	out := map[block.Hash]*block.Block{}
 	for _, w := range want {
 		if d, ok := mb.broken[w.Hash]; ok {
-			out[w.Hash] = d
+			out[w.Hash] = block.NewBlock(4096, w.Hash, d)
 		} else if d, ok := mb.m[w.Hash]; ok {
-			out[w.Hash] = d
+			out[w.Hash] = block.NewBlock(4096, w.Hash, d)
 		}
 	}
 	return out, nil
@@ -156,7 +156,7 @@ func TestExternalRestoreRefusals(t *testing.T) {
 
 type failingSource struct{}
 
-func (failingSource) Blocks(context.Context, []fsm.BlockWant) (map[block.Hash][]byte, error) {
+func (failingSource) Blocks(context.Context, []fsm.BlockWant) (map[block.Hash]*block.Block, error) {
 	return nil, errors.New("boom")
 }
 

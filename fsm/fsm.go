@@ -188,14 +188,18 @@ func (f *FSM) StoredChunk(p []byte) (hash []byte, stored bool) {
 	return h[:], f.cur.Load().blocks.Has(h)
 }
 
-// Block returns the bytes of the stored block h (immutable: callers must
-// not modify them), or nil.
+// Block returns a copy of the bytes of the stored block h, or nil. A copy,
+// because block memory goes back to the kernel once the block is
+// unreachable, however long the caller keeps the slice.
 func (f *FSM) Block(h block.Hash) []byte {
 	if b := f.cur.Load().blocks.Get(h); b != nil {
-		return b.Data()
+		return b.Bytes()
 	}
 	return nil
 }
+
+// HasBlock reports whether the block h is stored now.
+func (f *FSM) HasBlock(h block.Hash) bool { return f.cur.Load().blocks.Has(h) }
 
 // Stats returns totals.
 func (f *FSM) Stats() Stats {

@@ -22,8 +22,9 @@ import (
 // still holds it, even after the store has dropped it. The state machine
 // never frees memory itself: the store forgets a block at reference count
 // zero, and whoever still holds the *block.Block (a published state that a
-// snapshot or a read captured, or a read result slicing the block's bytes)
-// keeps it alive for Go's collector. Blocks are never modified, so what a
+// snapshot or a read captured) keeps it alive for Go's collector; block
+// bytes are read only through the block (View, ReadAt, Bytes), which holds
+// it until the copy is done. Blocks are never modified, so what a
 // holder sees cannot change either. These tests check that from the
 // outside.
 
@@ -135,8 +136,8 @@ func TestReclaimUnderConcurrentReadsAndSnapshots(t *testing.T) {
 
 // reclaimReader reads random files until stop, checks each answer, and
 // returns some results it kept (their Attr.Ino is overwritten with the
-// file's group for the final check). A read of the first chunk only
-// slices the block itself, so kept results pin blocks the store frees.
+// file's group for the final check). Results are copies of block bytes,
+// so kept ones must stay intact whatever the store frees later.
 func reclaimReader(f *fsm.FSM, seed uint64, stop *atomic.Bool, report func(error)) []*pb.Result {
 	rng := rand.New(rand.NewPCG(seed, 9))
 	var kept []*pb.Result

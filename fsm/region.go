@@ -168,7 +168,7 @@ func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
 		}
 		var data, hash []byte
 		if b := s.chunk(n.ino, idx); b != nil && idx*s.chunkSize < n.size {
-			data = b.Data()
+			data = b.Bytes() // sent after this returns, when nothing holds b
 			h := b.Hash()
 			hash = h[:]
 		}

@@ -232,7 +232,9 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 			sw.record(recRef, e.b, nil)
 		} else {
 			written[h] = struct{}{}
-			sw.record(recBlock, e.b, b.Data())
+			// Written while the block is held: its bytes are checksummed
+			// and written in more than one step.
+			b.View(func(d []byte) { sw.record(recBlock, e.b, d) })
 		}
 		return sw.err != nil
 	})

@@ -5302,9 +5302,19 @@ type NodeStatus struct {
 	ReadLatency    []*OpLatency `protobuf:"bytes,71,rep,name=read_latency,json=readLatency,proto3" json:"read_latency,omitempty"`
 	// The Raft term this node is in: a member whose term runs ahead of the
 	// leader's has been calling elections (it cannot hear the leader).
-	Term          uint64 `protobuf:"varint,72,opt,name=term,proto3" json:"term,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Term uint64 `protobuf:"varint,72,opt,name=term,proto3" json:"term,omitempty"`
+	// The process's memory as the kernel counts it: resident bytes, and of
+	// those the ones not backed by a file; block_memory_bytes is what the
+	// blocks take of it (fsm/block's arena, pages touched).
+	RssBytes         uint64 `protobuf:"varint,40,opt,name=rss_bytes,json=rssBytes,proto3" json:"rss_bytes,omitempty"`
+	AnonBytes        uint64 `protobuf:"varint,41,opt,name=anon_bytes,json=anonBytes,proto3" json:"anon_bytes,omitempty"`
+	BlockMemoryBytes uint64 `protobuf:"varint,42,opt,name=block_memory_bytes,json=blockMemoryBytes,proto3" json:"block_memory_bytes,omitempty"`
+	// The whole-process limit (memfs server --memory-limit), 0 = none, and
+	// the block budget it leaves, which the node stamps when it leads.
+	ProcessMemoryLimit uint64 `protobuf:"varint,43,opt,name=process_memory_limit,json=processMemoryLimit,proto3" json:"process_memory_limit,omitempty"`
+	BlockBudget        uint64 `protobuf:"varint,44,opt,name=block_budget,json=blockBudget,proto3" json:"block_budget,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -5550,6 +5560,41 @@ func (x *NodeStatus) GetReadLatency() []*OpLatency {
 func (x *NodeStatus) GetTerm() uint64 {
 	if x != nil {
 		return x.Term
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetRssBytes() uint64 {
+	if x != nil {
+		return x.RssBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetAnonBytes() uint64 {
+	if x != nil {
+		return x.AnonBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetBlockMemoryBytes() uint64 {
+	if x != nil {
+		return x.BlockMemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetProcessMemoryLimit() uint64 {
+	if x != nil {
+		return x.ProcessMemoryLimit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetBlockBudget() uint64 {
+	if x != nil {
+		return x.BlockBudget
 	}
 	return 0
 }
@@ -6823,7 +6868,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xac\t\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xeb\n" +
+	"\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -6859,7 +6905,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\x12<\n" +
 	"\x0fcommand_latency\x18F \x03(\v2\x13.memfs.v1.OpLatencyR\x0ecommandLatency\x126\n" +
 	"\fread_latency\x18G \x03(\v2\x13.memfs.v1.OpLatencyR\vreadLatency\x12\x12\n" +
-	"\x04term\x18H \x01(\x04R\x04term\"\xa6\x01\n" +
+	"\x04term\x18H \x01(\x04R\x04term\x12\x1b\n" +
+	"\trss_bytes\x18( \x01(\x04R\brssBytes\x12\x1d\n" +
+	"\n" +
+	"anon_bytes\x18) \x01(\x04R\tanonBytes\x12,\n" +
+	"\x12block_memory_bytes\x18* \x01(\x04R\x10blockMemoryBytes\x120\n" +
+	"\x14process_memory_limit\x18+ \x01(\x04R\x12processMemoryLimit\x12!\n" +
+	"\fblock_budget\x18, \x01(\x04R\vblockBudget\"\xa6\x01\n" +
 	"\tOpLatency\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x1f\n" +

@@ -70,8 +70,9 @@ type batcher struct {
 	renewedTerm atomic.Uint64
 
 	// memoryLimit is stamped on every entry: the leader's budget is the
-	// one every replica enforces (fsm.NoMemoryLimit when it has none).
-	memoryLimit uint64
+	// one every replica enforces (fsm.NoMemoryLimit when it has none). The
+	// memory governor lowers it as the process's other memory grows.
+	memoryLimit atomic.Uint64
 }
 
 // newBatcher starts a batcher for r. watch must be the one the leader's log
@@ -89,8 +90,8 @@ func newBatcherFunc(apply func([]byte, time.Duration) raft.ApplyFuture, clock fu
 	if memoryLimit == 0 {
 		memoryLimit = fsm.NoMemoryLimit
 	}
-	return &batcher{
-		apply: apply, clock: clock, tuning: t, metrics: m, memoryLimit: memoryLimit,
+	b := &batcher{
+		apply: apply, clock: clock, tuning: t, metrics: m,
 		in:     make(chan *applyReq, 4*t.MaxBatchCommands),
 		slots:  make(chan struct{}, t.MaxInflightApplies),
 		large:  make(chan struct{}, t.MaxInflightLargeApplies),
@@ -99,6 +100,8 @@ func newBatcherFunc(apply func([]byte, time.Duration) raft.ApplyFuture, clock fu
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	b.memoryLimit.Store(memoryLimit)
+	return b
 }
 
 // submit queues cmd and waits for its result. If ctx ends first the command
@@ -231,7 +234,7 @@ func (b *batcher) send(batch []*applyReq, small bool) {
 		term = b.term()
 	}
 	renewAll := term != b.renewedTerm.Load()
-	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit, RenewFirst: true,
+	entry := &pb.Entry{Version: fsm.EntryVersion, TimeNs: now, MemoryLimit: b.memoryLimit.Load(), RenewFirst: true,
 		RenewAll: renewAll, Commands: make([]*pb.Command, len(batch))}
 	for i, r := range batch {
 		entry.Commands[i] = r.cmd

@@ -85,7 +85,7 @@ func (b *blockSync) data(h block.Hash) []byte {
 }
 
 func (b *blockSync) has(h block.Hash) bool {
-	return b.fsm.Block(h) != nil || (b.dir != nil && b.dir.Has(h))
+	return b.fsm.HasBlock(h) || (b.dir != nil && b.dir.Has(h))
 }
 
 func parseHashes(raw [][]byte) ([]block.Hash, error) {
@@ -170,17 +170,17 @@ type restoreSource struct {
 // Blocks reads what it can from disk and fetches the rest from peers, in
 // priority order, writing each fetched block to disk as it arrives so an
 // interrupted restore keeps its progress.
-func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[block.Hash][]byte, error) {
+func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[block.Hash]*block.Block, error) {
 	b := s.b
 	b.restoring.Store(true)
 	defer b.restoring.Store(false)
 	slices.SortStableFunc(want, func(x, y fsm.BlockWant) int { return cmp.Compare(b.priority(x), b.priority(y)) })
-	out := make(map[block.Hash][]byte, len(want))
+	out := make(map[block.Hash]*block.Block, len(want))
 	var remote []fsm.BlockWant
 	var remoteBytes uint64
 	for _, w := range want {
 		if d := b.data(w.Hash); d != nil {
-			out[w.Hash] = d
+			out[w.Hash] = block.NewBlock(b.fsm.ChunkSize(), w.Hash, d)
 			continue
 		}
 		remote = append(remote, w)
@@ -214,7 +214,7 @@ func (s *restoreSource) Blocks(ctx context.Context, want []fsm.BlockWant) (map[b
 type fetch struct {
 	s   *restoreSource
 	mu  sync.Mutex
-	out map[block.Hash][]byte
+	out map[block.Hash]*block.Block // in block memory: held once, off the heap
 }
 
 // run asks every peer which blocks it lacks, deals the blocks out to the
@@ -479,8 +479,9 @@ func (f *fetch) deliver(w fsm.BlockWant, data []byte) error {
 			return err
 		}
 	}
+	blk := block.NewBlock(b.fsm.ChunkSize(), w.Hash, data)
 	f.mu.Lock()
-	f.out[w.Hash] = data
+	f.out[w.Hash] = blk
 	f.mu.Unlock()
 	b.gotBlocks.Add(1)
 	b.gotBytes.Add(w.Size)

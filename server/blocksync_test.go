@@ -304,10 +304,10 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	got, err := src.Blocks(ctxTimeout(t, 30*time.Second), want)
 	require.NoError(t, err)
 	for i, w := range want {
-		require.Equal(t, data[i*chunk:(i+1)*chunk], got[w.Hash])
+		require.Equal(t, data[i*chunk:(i+1)*chunk], got[w.Hash].Bytes())
 		onDisk, err := dir.Get(w.Hash)
 		require.NoError(t, err, "only verified blocks are stored")
-		require.Equal(t, got[w.Hash], onDisk)
+		require.Equal(t, got[w.Hash].Bytes(), onDisk)
 	}
 	require.Positive(t, b.corruptTotal.Load())
 	require.Equal(t, uint64(4*chunk), b.gotBytes.Load())

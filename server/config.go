@@ -85,6 +85,13 @@ type Config struct {
 	// The leader stamps its own on every log entry and all replicas
 	// enforce that one, so give every node the same limit.
 	MemoryLimit uint64
+	// ProcessMemoryLimit caps the whole process's memory (0 = none): the
+	// node measures what is not blocks and lowers the block budget it
+	// stamps as leader (never above MemoryLimit, when set) so that writes
+	// get ENOSPC while the process is still under this limit, and gives
+	// the Go runtime the rest as its soft limit. One per process: nodes
+	// sharing a process (tests) would count each other.
+	ProcessMemoryLimit uint64
 	// ChunkSize is the block size of a new cluster (fsm default when 0).
 	ChunkSize int
 	// DisableWireDedup makes the leader put every write's data in the log
@@ -229,8 +236,10 @@ type RaftTuning struct {
 	TransportTimeout time.Duration
 	// TransportPool is the connections kept per peer.
 	TransportPool int
-	// LogCacheSize is the entries kept in memory in front of the log store.
-	LogCacheSize int
+	// LogCacheSize is the entries kept in memory in front of the log store,
+	// and LogCacheBytes the most bytes of entry data they may hold.
+	LogCacheSize  int
+	LogCacheBytes int
 }
 
 // DefaultRaftTuning returns the LAN defaults.
@@ -254,6 +263,7 @@ func DefaultRaftTuning() RaftTuning {
 		TransportTimeout:        10 * time.Second,
 		TransportPool:           3,
 		LogCacheSize:            64,
+		LogCacheBytes:           16 << 20,
 	}
 }
 
@@ -293,6 +303,7 @@ func (t RaftTuning) withDefaults() RaftTuning {
 	setDur(&t.TransportTimeout, d.TransportTimeout)
 	setInt(&t.TransportPool, d.TransportPool)
 	setInt(&t.LogCacheSize, d.LogCacheSize)
+	setInt(&t.LogCacheBytes, d.LogCacheBytes)
 	return t
 }
 
@@ -322,6 +333,9 @@ func (c *Config) check() error {
 	}
 	if c.Bootstrap && len(c.Join) > 0 {
 		errs = append(errs, errors.New("bootstrap and join exclude each other"))
+	}
+	if err := checkProcessLimit(c.ProcessMemoryLimit); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.LogStore {
 	case "", LogStoreBolt, LogStoreWAL, LogStoreMem:

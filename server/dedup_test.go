@@ -20,9 +20,11 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 )
 
-func randomBytes(n int, seed byte) []byte {
+func randomBytes(n int, seed ...byte) []byte {
+	var key [32]byte
+	key[copy(key[:], seed)] = 6
 	b := make([]byte, n)
-	_, _ = rand.NewChaCha8([32]byte{seed, 6}).Read(b)
+	_, _ = rand.NewChaCha8(key).Read(b)
 	return b
 }
 

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/memoryfs/memfs/fsm"
+	"github.com/memoryfs/memfs/fsm/block"
 	pb "github.com/memoryfs/memfs/proto"
 )
 
@@ -97,8 +98,11 @@ func newMetrics(nodeID string, stats func() fsm.Stats, applied func() uint64, tr
 	gauge("fsm_physical_bytes", "Bytes of unique stored blocks.",
 		func(s fsm.Stats) float64 { return float64(s.Block.PhysicalBytes) })
 	gauge("fsm_blocks", "Unique stored blocks.", func(s fsm.Stats) float64 { return float64(s.Block.Blocks) })
-	gauge("fsm_memory_limit_bytes", "Block memory budget (0 = none).",
+	gauge("fsm_memory_limit_bytes", "Block memory budget (0 = none): the leader's stamp, which its whole-process limit leaves to blocks.",
 		func(s fsm.Stats) float64 { return float64(s.Block.Limit) })
+	m.collectors = append(m.collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("block_memory_bytes",
+		"Resident memory of the process's blocks (pages of live block slots, off the Go heap); process_resident_memory_bytes is the whole process.")),
+		func() float64 { return float64(block.Arena().Resident) }))
 	gauge("fsm_sessions", "Open client sessions.", func(s fsm.Stats) float64 { return float64(s.Sessions) })
 	gauge("fsm_capabilities", "Capabilities held by client sessions.", func(s fsm.Stats) float64 { return float64(s.Caps) })
 	gauge("fsm_shared_bytes", "Bytes of stored blocks held by more than one reference.",

@@ -41,6 +41,7 @@ type Node struct {
 	apiLis   net.Listener
 	unixLis  net.Listener
 	batcher  *batcher
+	memory   *memGovernor // nil without a process memory limit
 	verifier *verifier
 	lease    *readLease // see readindex.go
 	ready    *leaderReady
@@ -129,6 +130,16 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	n.batcher = newBatcher(n.raft, n.cfg.Clock, n.cfg.Raft, n.metrics, n.cfg.MemoryLimit, watch)
+	if n.cfg.ProcessMemoryLimit > 0 {
+		blockLimit := n.cfg.MemoryLimit
+		if blockLimit == 0 {
+			blockLimit = fsm.NoMemoryLimit
+		}
+		n.memory = newMemGovernor(n.cfg.ProcessMemoryLimit,
+			func() uint64 { return n.fsm.Stats().Block.PhysicalBytes },
+			func(budget uint64) { n.batcher.memoryLimit.Store(min(budget, blockLimit)) })
+		n.goBackground(func() { n.memory.run(n.ctx) })
+	}
 	n.verifier = &verifier{raft: n.raft}
 	n.lease.attach(liveRaft{n.raft})
 	n.serve()

@@ -52,6 +52,11 @@ func (n *Node) selfStatus() *pb.NodeStatus {
 		LogBytes: tr.LogBytes, NetSentBytes: tr.NetSent, NetReceivedBytes: tr.NetReceived,
 		WireDedupBytes: tr.DedupBytes,
 	}
+	m := ReadProcessMemory()
+	ns.RssBytes, ns.AnonBytes, ns.BlockMemoryBytes = m.RSS, m.Anon, m.Blocks
+	if n.memory != nil {
+		ns.ProcessMemoryLimit, ns.BlockBudget = n.cfg.ProcessMemoryLimit, n.memory.Budget()
+	}
 	n.sync.fillStatus(ns)
 	ns.CommandLatency = latencies(n.metrics.applyLatency, "type")
 	ns.ReadLatency = latencies(n.metrics.queryLatency, "consistency")
@@ -111,6 +116,8 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
 		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
 		ns.CommandLatency, ns.ReadLatency, ns.Term = s.CommandLatency, s.ReadLatency, s.Term
+		ns.RssBytes, ns.AnonBytes, ns.BlockMemoryBytes = s.RssBytes, s.AnonBytes, s.BlockMemoryBytes
+		ns.ProcessMemoryLimit, ns.BlockBudget = s.ProcessMemoryLimit, s.BlockBudget
 	}
 }
 

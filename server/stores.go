@@ -43,7 +43,7 @@ func openStores(cfg *Config, logger hclog.Logger) (*openedStores, error) {
 		if cfg.Ephemeral {
 			kind = LogStoreMem
 		}
-		if err := s.openLog(kind, cfg.DataDir, cfg.Raft.LogCacheSize, logger); err != nil {
+		if err := s.openLog(kind, cfg.DataDir, cfg.Raft.LogCacheSize, cfg.Raft.LogCacheBytes, logger); err != nil {
 			_ = s.close()
 			return nil, err
 		}
@@ -65,7 +65,7 @@ func openStores(cfg *Config, logger hclog.Logger) (*openedStores, error) {
 
 // openLog opens the log and stable store of the given kind. Only the
 // fields still nil are set, so a caller may supply one of the two.
-func (s *openedStores) openLog(kind, dir string, cacheSize int, logger hclog.Logger) error {
+func (s *openedStores) openLog(kind, dir string, cacheSize, cacheBytes int, logger hclog.Logger) error {
 	var logs raft.LogStore
 	var stable raft.StableStore
 	switch kind {
@@ -102,11 +102,7 @@ func (s *openedStores) openLog(kind, dir string, cacheSize int, logger hclog.Log
 		logs, stable = b, b
 	}
 	if kind != LogStoreMem {
-		cached, err := raft.NewLogCache(cacheSize, logs)
-		if err != nil {
-			return fmt.Errorf("log cache: %w", err)
-		}
-		logs = cached
+		logs = newLogCache(logs, cacheSize, cacheBytes)
 	}
 	if s.Log == nil {
 		s.Log = logs
@@ -138,7 +134,7 @@ func HasState(dir string) (bool, error) {
 			continue
 		}
 		s := &openedStores{}
-		if err := s.openLog(kind, dir, 1, hclog.NewNullLogger()); err != nil {
+		if err := s.openLog(kind, dir, 1, 1, hclog.NewNullLogger()); err != nil {
 			return false, err
 		}
 		has, err := raft.HasExistingState(s.Log, s.Stable, snaps)

@@ -17,9 +17,11 @@ import (
 	"github.com/memoryfs/memfs/server"
 )
 
-func randomData(n int, seed byte) []byte {
+func randomData(n int, seed ...byte) []byte {
+	var key [32]byte
+	copy(key[copy(key[:], seed):], []byte{6, 6})
 	b := make([]byte, n)
-	_, _ = rand.NewChaCha8([32]byte{seed, 6, 6}).Read(b)
+	_, _ = rand.NewChaCha8(key).Read(b)
 	return b
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/internal/heapgoal"
+	"github.com/memoryfs/memfs/internal/hostmem"
 	"github.com/memoryfs/memfs/internal/hugepages"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 	"github.com/memoryfs/memfs/server"
@@ -68,7 +68,7 @@ func init() {
 	f.BoolVar(&sf.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
 	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
 	f.BoolVar(&sf.hugePages, "huge-pages", true, hugePagesUsage)
-	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on stored file data, e.g. 512MiB or 4GiB (default: a quarter of RAM)")
+	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on the whole process's memory, file data included; writes get ENOSPC before it, e.g. 1GiB or 4GiB (default: a quarter of RAM or of the memory cgroup's limit)")
 	f.StringVar(&sf.gcHeadroom, "gc-headroom", "256MiB", "heap the Go GC may add past live data before collecting, instead of GOGC's 100% of it; 0 keeps GOGC (docs/operations.md)")
 	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
 	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
@@ -143,7 +143,7 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		RaftAdvertise: sf.raftAdvertise, APIAdvertise: sf.apiAdvertise, UnixSocket: sf.unix,
 		Bootstrap: sf.bootstrap, Join: sf.join, NonVoter: sf.nonvoter,
 		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
-		MemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
+		MemoryLimit: limit, ProcessMemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
 		DisableReadLease: !sf.readLease, Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
 		TLS: sec, Limits: sf.limits,
 	}
@@ -291,34 +291,29 @@ func reserveHugePages(log *slog.Logger, want uint64) {
 	log.Info("huge pages reserved", "thp", sys.Mode, "bytes", size, "advised", advised)
 }
 
-// memoryLimit parses --memory-limit; empty means a quarter of RAM.
+// memoryLimit parses --memory-limit, the whole process's limit: empty
+// means a quarter of what the host can back (its RAM, or a memory cgroup's
+// limit). A limit the host cannot back is refused: the kernel would kill
+// the node before it ever answered ENOSPC.
 func memoryLimit(s string) (uint64, error) {
-	if s != "" {
-		return parseSize(s)
-	}
-	total, err := memTotal()
-	if err != nil {
-		return 1 << 30, nil // cannot tell: a modest budget
-	}
-	return total / 4, nil
-}
-
-// memTotal reads MemTotal from /proc/meminfo.
-func memTotal() (uint64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, err := strconv.ParseUint(fields[1], 10, 64)
-			return kb << 10, err
+	host, err := hostmem.Read()
+	if s == "" {
+		if err != nil {
+			return 1 << 30, nil // cannot tell: a modest budget
 		}
+		return max(host.Bytes/4, server.MinProcessMemoryLimit), nil
 	}
-	return 0, errors.New("no MemTotal in /proc/meminfo")
+	limit, perr := parseSize(s)
+	if perr != nil {
+		return 0, perr
+	}
+	if err == nil && limit > host.Bytes {
+		return 0, fmt.Errorf("%s is more than this host can back: %s (%s)", s, humanBytes(host.Bytes), host.Source)
+	}
+	if limit < server.MinProcessMemoryLimit {
+		return 0, fmt.Errorf("%s is less than the %s a node needs for itself", s, humanBytes(server.MinProcessMemoryLimit))
+	}
+	return limit, nil
 }
 
 var sizeUnits = []struct {

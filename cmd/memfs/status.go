@@ -61,7 +61,7 @@ func printStatus(w io.Writer, r statusreport.Report) error {
 	}
 	fmt.Fprintf(w, "leader: %s %s\n\n", leader, r.LeaderAPIAddr)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tPHYSICAL\tON DISK\tLOGGED\tSENT\tERROR")
+	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tAPPLIED\tVOTER\tPHYSICAL\tRSS\tON DISK\tLOGGED\tSENT\tERROR")
 	for _, n := range r.Nodes {
 		state := n.State
 		if state == "" {
@@ -70,8 +70,8 @@ func printStatus(w io.Writer, r statusreport.Report) error {
 		if n.Restoring {
 			state += fmt.Sprintf(" (restoring %d/%d blocks)", n.SyncBlocksFetched, n.SyncBlocksWanted)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\t%s\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr,
-			n.AppliedIndex, n.Voter, nodeBytes(n, n.PhysicalBytes), nodeBytes(n, n.DiskBytes), nodeBytes(n, n.LogBytes),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, state, n.APIAddr, n.RaftAddr,
+			n.AppliedIndex, n.Voter, nodeBytes(n, n.PhysicalBytes), rss(n), nodeBytes(n, n.DiskBytes), nodeBytes(n, n.LogBytes),
 			nodeBytes(n, n.NetSentBytes), n.Error)
 	}
 	if err := tw.Flush(); err != nil {
@@ -85,8 +85,24 @@ func printStatus(w io.Writer, r statusreport.Report) error {
 		limit = fmt.Sprintf("%s (%s free)", humanBytes(r.MemoryLimit), humanBytes(r.MemoryLimit-min(r.MemoryLimit, r.PhysicalBytes)))
 	}
 	fmt.Fprintf(w, "memory limit %s, chunk %s, %d sessions\n", limit, humanBytes(uint64(r.ChunkSize)), r.Sessions)
-	fmt.Fprintln(w, "(PHYSICAL: unique block bytes in the node's memory; ON DISK: its block directory; LOGGED and SENT: Raft log and network bytes since it started)")
+	fmt.Fprintln(w, "(PHYSICAL: unique block bytes in the node's memory; RSS: the node process's resident memory, its ratio to PHYSICAL, and its limit; ON DISK: its block directory; LOGGED and SENT: Raft log and network bytes since it started)")
 	return nil
+}
+
+// rss prints a node's resident memory, its ratio to the node's physical
+// bytes and its whole-process limit, or "-" for a node that did not say.
+func rss(n statusreport.Node) string {
+	if n.Error != "" || n.RSSBytes == 0 {
+		return "-"
+	}
+	s := humanBytes(n.RSSBytes)
+	if n.PhysicalBytes > 0 {
+		s += fmt.Sprintf(" (%.2fx)", float64(n.RSSBytes)/float64(n.PhysicalBytes))
+	}
+	if n.ProcessMemoryLimit > 0 {
+		s += " of " + humanBytes(n.ProcessMemoryLimit)
+	}
+	return s
 }
 
 // nodeBytes prints a per-node byte count, or "-" for a node that did not

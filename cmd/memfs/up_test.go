@@ -200,6 +200,9 @@ type statusJSONOf struct {
 		RaftAddr     string  `json:"raft_addr"`
 		State        string  `json:"state"`
 		AppliedIndex *uint64 `json:"applied_index"`
+		RSSBytes     uint64  `json:"rss_bytes"`
+		MemoryLimit  uint64  `json:"process_memory_limit"`
+		BlockBudget  uint64  `json:"block_budget"`
 	} `json:"nodes"`
 	Inodes        *uint64 `json:"inodes"`
 	LogicalBytes  *uint64 `json:"logical_bytes"`
@@ -259,6 +262,11 @@ func TestUpStatusEndToEnd(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", base+100+i+1), n.RaftAddr)
 		require.Contains(t, []string{"Leader", "Follower"}, n.State)
 		require.NotNil(t, n.AppliedIndex)
+		// Each node reports its own process's memory and the block budget
+		// its whole-process limit leaves.
+		require.NotZero(t, n.RSSBytes)
+		require.NotZero(t, n.MemoryLimit)
+		require.Less(t, n.BlockBudget, n.MemoryLimit)
 		if n.State == "Leader" {
 			leaders++
 			require.Equal(t, st.Leader, n.ID)
@@ -323,6 +331,7 @@ func TestUpStatusEndToEnd(t *testing.T) {
 	for _, id := range []string{"n1", "n2", "n3"} {
 		require.Contains(t, string(table), id)
 	}
+	require.Contains(t, string(table), "RSS")
 	p.stop(t)
 	for i := 1; i <= 3; i++ {
 		log, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("node%d.log", i)))

@@ -8,8 +8,17 @@
 // replica that applies the same Put/Ref/Release calls in the same order
 // holds the same blocks and frees them at the same moment.
 //
+// Block bytes live off the Go heap, in mapped slabs (arena.go), so that a
+// node's memory is its data plus a small heap rather than a heap the
+// collector sizes in proportion to every stored byte. Mapping memory and
+// handing pages back is the only thing the store asks of the kernel.
+//
 // Memory safety of freed blocks follows the CBUF rule without extra
 // bookkeeping: the store drops its own pointer when the count reaches zero,
 // while readers, snapshots and transfers that still hold the *Block keep its
-// bytes alive until they let go (Go's collector reclaims them afterwards).
+// bytes alive until they let go; the collector then runs a cleanup that
+// returns the slot. A slice of a block's bytes alone keeps nothing alive,
+// so no such slice leaves this package: callers copy (ReadAt, Bytes) or
+// borrow the bytes for the length of a callback (View), and each of these
+// keeps the *Block reachable until it returns.
 package block

@@ -2,6 +2,7 @@ package block
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,16 +14,47 @@ const DefaultChunkSize = 64 << 10
 // Block is one immutable chunk of data. Its bytes must never be modified.
 type Block struct {
 	hash Hash
-	data []byte
-	refs int64 // guarded by Store.mu
+	data []byte // mem.data, kept here to save a load on every read; never handed out (View)
+	mem  *slot  // keeps data's memory alive while the block is reachable
+	refs int64  // guarded by Store.mu
 }
 
 // Hash returns the block's content hash.
 func (b *Block) Hash() Hash { return b.hash }
 
-// Data returns the block's bytes. The slice is shared: callers must not
-// modify it.
-func (b *Block) Data() []byte { return b.data }
+// The block's bytes are reached only through View, ReadAt and Bytes.
+// They live off the Go heap, in a slot that goes back to the arena (and
+// then to another block) once the *Block is unreachable, and a slice of
+// them alone does not keep the *Block reachable. Each accessor therefore
+// holds b (runtime.KeepAlive) until it has finished with the bytes, and
+// the raw slice never leaves this package except inside View's callback.
+
+// View calls fn with the block's bytes, which stay valid until fn returns
+// and not a moment longer: fn must not modify them, keep them, or hand
+// them to anything that keeps them (an io.Writer may take them: Write
+// must not retain its argument).
+func (b *Block) View(fn func(data []byte)) {
+	fn(b.data)
+	runtime.KeepAlive(b)
+}
+
+// ReadAt copies the block's bytes from off into p and returns how many it
+// copied: fewer than len(p) at the block's end, 0 from off >= Len().
+func (b *Block) ReadAt(p []byte, off int) int {
+	if b == nil || off >= len(b.data) {
+		return 0
+	}
+	n := copy(p, b.data[off:])
+	runtime.KeepAlive(b)
+	return n
+}
+
+// Bytes returns a copy of the block's bytes on the Go heap.
+func (b *Block) Bytes() []byte {
+	p := make([]byte, b.Len())
+	b.ReadAt(p, 0)
+	return p
+}
 
 // Len returns the block's length in bytes; 0 for a nil block (a hole).
 func (b *Block) Len() int {
@@ -129,27 +161,47 @@ func (s *Store) PutHashed(h Hash, data []byte) *Block {
 		s.refLocked(b)
 		return b
 	}
-	b := &Block{hash: h, data: append(make([]byte, 0, len(data)), data...)}
+	b := s.newBlock(h, newSlot(s.chunkSize, data))
 	s.blocks[h] = b
 	s.physical.Add(uint64(len(data)))
 	s.refLocked(b)
 	return b
 }
 
-// Adopt is PutHashed for a buffer the caller hands over: it is stored
-// without a copy when new, so the caller must not touch it afterwards.
-func (s *Store) Adopt(h Hash, data []byte) *Block {
+// Adopt is PutHashed for a buffer the caller hands over and will not
+// touch again. Block bytes live in the arena, so it is copied there like
+// any other; the caller's buffer becomes garbage.
+func (s *Store) Adopt(h Hash, data []byte) *Block { return s.PutHashed(h, data) }
+
+// Share stores another store's block b, with one reference, sharing its
+// bytes rather than copying them (a restore keeps the blocks the state it
+// replaces already holds). b's memory lives while either block does.
+func (s *Store) Share(b *Block) *Block {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b := s.blocks[h]; b != nil {
-		s.refLocked(b)
-		return b
+	if have := s.blocks[b.hash]; have != nil {
+		s.refLocked(have)
+		return have
 	}
-	b := &Block{hash: h, data: data}
-	s.blocks[h] = b
-	s.physical.Add(uint64(len(data)))
-	s.refLocked(b)
-	return b
+	nb := s.newBlock(b.hash, b.mem)
+	s.blocks[b.hash] = nb
+	s.physical.Add(uint64(len(nb.data)))
+	s.refLocked(nb)
+	return nb
+}
+
+// NewBlock puts a copy of data in block memory as a block of no store yet,
+// for a caller that gathers blocks before a store takes them with Share (a
+// restore fetching blocks from peers), so that they are held once, off the
+// heap, rather than on the heap and then again in block memory. The caller
+// vouches that h == Sum(data).
+func NewBlock(chunkSize int, h Hash, data []byte) *Block {
+	mem := newSlot(chunkSize, data)
+	return &Block{hash: h, data: mem.data, mem: mem}
+}
+
+func (s *Store) newBlock(h Hash, mem *slot) *Block {
+	return &Block{hash: h, data: mem.data, mem: mem}
 }
 
 // Ref adds a reference to a stored block (a clone, a hard copy, a write

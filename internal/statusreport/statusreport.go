@@ -61,6 +61,12 @@ type Node struct {
 	DiskBlocks             uint64 `json:"disk_blocks"`
 	DiskBytes              uint64 `json:"disk_bytes"`
 	DiskBytesWritten       uint64 `json:"disk_bytes_written"`
+	// The process's memory (docs/operations.md, "Memory and GC").
+	RSSBytes           uint64 `json:"rss_bytes"`
+	AnonBytes          uint64 `json:"anon_bytes"`
+	BlockMemoryBytes   uint64 `json:"block_memory_bytes"`
+	ProcessMemoryLimit uint64 `json:"process_memory_limit"`
+	BlockBudget        uint64 `json:"block_budget"`
 }
 
 // New converts a Status answer.
@@ -88,6 +94,8 @@ func New(st *pb.StatusResponse) Report {
 			SyncBlocksFetchedTotal: n.SyncBlocksFetchedTotal,
 			SyncCorruptBlocks:      n.SyncCorruptBlocks,
 			DiskBlocks:             n.DiskBlocks, DiskBytes: n.DiskBytes, DiskBytesWritten: n.DiskBytesWritten,
+			RSSBytes: n.RssBytes, AnonBytes: n.AnonBytes, BlockMemoryBytes: n.BlockMemoryBytes,
+			ProcessMemoryLimit: n.ProcessMemoryLimit, BlockBudget: n.BlockBudget,
 		})
 	}
 	return r
