@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/memoryfs/memfs/internal/grpcopts"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
 // TokenMetadataKey is the request metadata that carries a bearer token
@@ -13,15 +15,17 @@ import (
 const TokenMetadataKey = "authorization"
 
 // credentialOptions are the dial options that carry the client's
-// transport security and token; client/replace and the CLI's admin
-// commands dial with the same ones.
+// transport security and token, and the buffers and windows that suit
+// it; client/replace and the CLI's admin commands dial with the same
+// ones.
 func (c *config) credentialOptions() []grpc.DialOption {
 	var opts []grpc.DialOption
 	if c.tls != nil {
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(c.tls)))
+		opts = append(opts, grpc.WithTransportCredentials(tlsconf.NewCredentials(c.tls)))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	opts = append(opts, grpcopts.Client(c.tls != nil)...)
 	if c.token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(c.token)))
 	}

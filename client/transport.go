@@ -136,10 +136,6 @@ func (t *transport) dialLocked(addr string) (*grpc.ClientConn, error) {
 		// Pings find a connection that died without a reset (a node cut
 		// off, a NAT that forgot it) while a stream waits on it.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTime}),
-		// Large windows keep 1 MiB messages flowing without waiting for
-		// window updates on every frame.
-		grpc.WithInitialWindowSize(4<<20),
-		grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
 	)...)
 	if err != nil {

@@ -14,10 +14,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/memoryfs/memfs/fsm"
+	"github.com/memoryfs/memfs/internal/grpcopts"
+	"github.com/memoryfs/memfs/internal/tlsconf"
 	pb "github.com/memoryfs/memfs/proto"
 	"github.com/memoryfs/memfs/server/blockdir"
 )
@@ -291,8 +292,9 @@ func (n *Node) serve() {
 		grpc.ChainUnaryInterceptor(n.recoverUnary, n.authUnary),
 		grpc.ChainStreamInterceptor(n.recoverStream, n.authStream),
 	}
+	opts = append(opts, grpcopts.Server(n.cfg.TLS != nil)...)
 	if n.cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS.ServerConfig())))
+		opts = append(opts, grpc.Creds(tlsconf.NewCredentials(n.cfg.TLS.ServerConfig())))
 	}
 	n.grpc = grpc.NewServer(opts...)
 	pb.RegisterMemFSServer(n.grpc, &service{n: n})

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/memoryfs/memfs/internal/grpcopts"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 	pb "github.com/memoryfs/memfs/proto"
 )
@@ -33,7 +34,7 @@ type peers struct {
 func newPeers(dial func(context.Context, string) (net.Conn, error), src *tlsconf.Source) *peers {
 	creds := insecure.NewCredentials()
 	if src != nil {
-		creds = credentials.NewTLS(src.PeerClientConfig())
+		creds = tlsconf.NewCredentials(src.PeerClientConfig())
 	}
 	return &peers{dial: dial, creds: creds, conns: map[string]*grpc.ClientConn{}}
 }
@@ -49,8 +50,9 @@ func (p *peers) client(addr string) (pb.MemFSClient, error) {
 	if c, ok := p.conns[addr]; ok {
 		return pb.NewMemFSClient(c), nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(p.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg))}
+	opts := append(grpcopts.Client(p.creds.Info().SecurityProtocol == "tls"),
+		grpc.WithTransportCredentials(p.creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg)))
 	if p.dial != nil {
 		opts = append(opts, grpc.WithContextDialer(p.dial))
 	}

@@ -37,7 +37,8 @@ func (s *tlsStream) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &handshakeConn{Conn: tls.Server(c, s.server), timeout: s.timeout, log: s.log}, nil
+	tc, co := tlsconf.Server(c, s.server)
+	return &handshakeConn{Conn: co, tls: tc, timeout: s.timeout, log: s.log}, nil
 }
 
 func (s *tlsStream) Close() error   { return s.inner.Close() }
@@ -49,34 +50,35 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	if err != nil {
 		return nil, err
 	}
-	tc := tls.Client(c, s.client)
+	tc, co := tlsconf.Client(c, s.client)
 	ctx, cancel := context.WithTimeout(context.Background(), max(timeout-time.Since(start), time.Second))
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
-	return tc, nil
+	return co, nil
 }
 
 // handshakeConn completes the server side handshake under a deadline
 // before the first read or write.
 type handshakeConn struct {
-	*tls.Conn
-	timeout time.Duration
-	log     *slog.Logger
-	once    sync.Once
-	err     error
+	net.Conn // over tls, coalescing its writes
+	tls      *tls.Conn
+	timeout  time.Duration
+	log      *slog.Logger
+	once     sync.Once
+	err      error
 }
 
 func (c *handshakeConn) handshake() error {
 	c.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		defer cancel()
-		if c.err = c.Conn.HandshakeContext(ctx); c.err != nil {
+		if c.err = c.tls.HandshakeContext(ctx); c.err != nil {
 			// Debug: anyone who reaches the port can cause this line.
 			c.log.Debug("raft connection refused", "remote", c.RemoteAddr().String(), "err", c.err)
-			_ = c.Conn.Close()
+			_ = c.tls.Close()
 		}
 	})
 	return c.err
