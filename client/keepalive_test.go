@@ -60,20 +60,28 @@ func TestSessionSurvivesStalledLog(t *testing.T) {
 		cfg.Stores = &server.Stores{Log: log, Stable: raft.NewInmemStore()}
 	}))
 	cl := connect(t, c, client.WithLease(lease))
+	writeAcross(t, cl, 4*lease, log.stall, log.resume)
+}
+
+// writeAcross writes to a file before, during and after a stop of
+// length d (between stop and resume) and checks that the session and
+// its handle lived through it and that every write is in the file.
+func writeAcross(t *testing.T, cl *client.Client, d time.Duration, stop, resume func()) {
+	t.Helper()
 	f, err := cl.Create("/held")
 	require.NoError(t, err)
 	_, err = f.Write([]byte("before "))
 	require.NoError(t, err)
 	old := cl.Session()
 
-	log.stall()
+	stop()
 	written := make(chan error, 1)
 	go func() {
 		_, err := f.Write([]byte("during "))
 		written <- err
 	}()
-	time.Sleep(4 * lease) // the stall itself: nothing is polled meanwhile
-	log.resume()
+	time.Sleep(d) // the stop itself: nothing is polled meanwhile
+	resume()
 
 	require.NoError(t, <-written)
 	_, err = f.Write([]byte("after"))
@@ -159,29 +167,7 @@ func TestSessionSurvivesFrozenConnection(t *testing.T) {
 	fr := newFreezer()
 	cl := connect(t, c, client.WithLease(lease), client.WithDialer(fr.dial),
 		client.WithAttemptTimeout(20*time.Second), client.WithRetryTimeout(30*time.Second))
-	f, err := cl.Create("/held")
-	require.NoError(t, err)
-	_, err = f.Write([]byte("before "))
-	require.NoError(t, err)
-	old := cl.Session()
-
-	fr.freeze()
-	written := make(chan error, 1)
-	go func() {
-		_, err := f.Write([]byte("during "))
-		written <- err
-	}()
-	time.Sleep(4 * lease) // the freeze itself: nothing is polled meanwhile
-	fr.thaw()
-
-	require.NoError(t, <-written)
-	_, err = f.Write([]byte("after"))
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	require.Equal(t, old, cl.Session())
-	data, err := cl.ReadFile("/held")
-	require.NoError(t, err)
-	require.Equal(t, "before during after", string(data))
+	writeAcross(t, cl, 4*lease, fr.freeze, fr.thaw)
 }
 
 // TestSessionSurvivesLeaderlessGap: two of three nodes are down for more

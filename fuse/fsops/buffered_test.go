@@ -337,20 +337,10 @@ func TestBufferedCreateTruncatedAfterRecall(t *testing.T) {
 func TestStatOfHeldWritesAnsweredLocally(t *testing.T) {
 	ops, c, other := newBufOps(t)
 	ctx := context.Background()
-	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
-	require.Zero(t, e)
-	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
-	require.Zero(t, e)
-	// Past what the journal carries for a new file: write-behind.
-	big := make([]byte, jrFileBytes+64<<10)
-	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, big)
-	require.Zero(t, e)
-	require.Zero(t, ops.Fsync(ctx, a.Ino))
-	committed, e := ops.GetAttr(ctx, a.Ino)
-	require.Zero(t, e)
-	require.EqualValues(t, len(big), committed.Size)
+	a, out, committed := writtenBehind(t, ops)
+	big := committed.Size
 
-	n, e := ops.Write(ctx, a.Ino, out.Handle, int64(len(big)), []byte("more"))
+	n, e := ops.Write(ctx, a.Ino, out.Handle, int64(big), []byte("more"))
 	require.Zero(t, e)
 	require.Equal(t, 4, n)
 	require.True(t, ops.dirty(a.Ino), "the write was acknowledged before its commit")
@@ -359,12 +349,12 @@ func TestStatOfHeldWritesAnsweredLocally(t *testing.T) {
 	require.Zero(t, e)
 	require.Equal(t, before, c.Calls(), "the stat went to the cluster")
 	require.True(t, ops.dirty(a.Ino), "the stat committed the write")
-	require.EqualValues(t, len(big)+4, got.Size)
+	require.EqualValues(t, big+4, got.Size)
 	require.True(t, got.Mtime.After(committed.Mtime), "mtime %v not past %v", got.Mtime, committed.Mtime)
 
 	st, err := other.Lstat("/t/f")
 	require.NoError(t, err)
-	require.EqualValues(t, len(big)+4, st.Size())
+	require.EqualValues(t, big+4, st.Size())
 	require.Zero(t, ops.Release(ctx, a.Ino, out.Handle))
 }
 
@@ -376,17 +366,7 @@ func TestStatOfHeldWritesAnsweredLocally(t *testing.T) {
 // answered from: fsx saw the file shrink to the older size.
 func TestOlderWriteResultAfterNewerKeepsNewer(t *testing.T) {
 	ops, _, _ := newBufOps(t)
-	ctx := context.Background()
-	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
-	require.Zero(t, e)
-	a, out, e := ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
-	require.Zero(t, e)
-	big := make([]byte, jrFileBytes+64<<10)
-	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, big)
-	require.Zero(t, e)
-	require.Zero(t, ops.Fsync(ctx, a.Ino))
-	cur, e := ops.GetAttr(ctx, a.Ino)
-	require.Zero(t, e)
+	a, out, cur := writtenBehind(t, ops)
 	h := ops.file(out.Handle).handle
 
 	attr := func(size uint64, ctime time.Time) *pb.Attr {
@@ -401,4 +381,24 @@ func TestOlderWriteResultAfterNewerKeepsNewer(t *testing.T) {
 	base, ok := ops.meta.writingBase(a.Ino)
 	require.True(t, ok)
 	require.EqualValues(t, cur.Size+100, base.Size, "the older answer replaced the newer")
+}
+
+// writtenBehind makes /t/f open for writing with data past what the
+// journal carries for a new file (so written behind), committed; cur is
+// its attributes then.
+func writtenBehind(t *testing.T, ops *ClientOps) (a Attr, out OpenOut, cur Attr) {
+	t.Helper()
+	ctx := context.Background()
+	d, e := ops.Mkdir(ctx, RootIno, "t", 0o755, root)
+	require.Zero(t, e)
+	a, out, e = ops.Create(ctx, d.Ino, "f", syscall.O_WRONLY|syscall.O_EXCL, 0o644, root)
+	require.Zero(t, e)
+	big := make([]byte, jrFileBytes+64<<10)
+	_, e = ops.Write(ctx, a.Ino, out.Handle, 0, big)
+	require.Zero(t, e)
+	require.Zero(t, ops.Fsync(ctx, a.Ino))
+	cur, e = ops.GetAttr(ctx, a.Ino)
+	require.Zero(t, e)
+	require.EqualValues(t, len(big), cur.Size)
+	return a, out, cur
 }
