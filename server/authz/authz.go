@@ -82,6 +82,7 @@ var Queries = map[protoreflect.Name]pb.Role{
 	"lock":       pb.Role_ROLE_READ,
 	"tokens":     pb.Role_ROLE_ADMIN,
 	"region":     pb.Role_ROLE_READ,
+	"seek":       pb.Role_ROLE_READ,
 }
 
 // Open flags that make an open change the file (Linux values).
