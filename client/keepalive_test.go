@@ -14,39 +14,44 @@ import (
 	"github.com/memoryfs/memfs/server"
 )
 
-// stallingLog is a Raft log store whose writes can be held back, as a disk
-// that stalls holds back the leader's log.
-type stallingLog struct {
-	raft.LogStore
+// valve holds back whoever waits on it while it is shut.
+type valve struct {
 	mu   sync.Mutex
-	held chan struct{} // closed when writes may go on; nil: not stalled
+	shut chan struct{} // closed when waiters may go on; nil: open
 }
 
-func (s *stallingLog) wait() {
-	s.mu.Lock()
-	ch := s.held
-	s.mu.Unlock()
+func (v *valve) wait() {
+	v.mu.Lock()
+	ch := v.shut
+	v.mu.Unlock()
 	if ch != nil {
 		<-ch
 	}
 }
 
+func (v *valve) shutOff() {
+	v.mu.Lock()
+	v.shut = make(chan struct{})
+	v.mu.Unlock()
+}
+
+func (v *valve) open() {
+	v.mu.Lock()
+	close(v.shut)
+	v.shut = nil
+	v.mu.Unlock()
+}
+
+// stallingLog is a Raft log store whose writes can be held back (its valve
+// shut), as a disk that stalls holds back the leader's log.
+type stallingLog struct {
+	raft.LogStore
+	valve
+}
+
 func (s *stallingLog) StoreLog(l *raft.Log) error { s.wait(); return s.LogStore.StoreLog(l) }
 
 func (s *stallingLog) StoreLogs(ls []*raft.Log) error { s.wait(); return s.LogStore.StoreLogs(ls) }
-
-func (s *stallingLog) stall() {
-	s.mu.Lock()
-	s.held = make(chan struct{})
-	s.mu.Unlock()
-}
-
-func (s *stallingLog) resume() {
-	s.mu.Lock()
-	close(s.held)
-	s.held = nil
-	s.mu.Unlock()
-}
 
 // TestSessionSurvivesStalledLog: the leader's log store stalls for four
 // leases while the client's keepalives, and one of its writes, queue at
@@ -60,7 +65,7 @@ func TestSessionSurvivesStalledLog(t *testing.T) {
 		cfg.Stores = &server.Stores{Log: log, Stable: raft.NewInmemStore()}
 	}))
 	cl := connect(t, c, client.WithLease(lease))
-	writeAcross(t, cl, 4*lease, log.stall, log.resume)
+	writeAcross(t, cl, 4*lease, log.shutOff, log.open)
 }
 
 // writeAcross writes to a file before, during and after a stop of
@@ -97,16 +102,12 @@ func writeAcross(t *testing.T, cl *client.Client, d time.Duration, stop, resume 
 // the client's own commands go on) can be frozen: nothing it carries moves
 // either way, as when megabytes of writes fill its buffers.
 type freezer struct {
-	mu     sync.Mutex
-	first  map[string]*frozenConn
-	thawed chan struct{} // closed while not frozen
+	valve // shut while frozen
+	mu    sync.Mutex
+	first map[string]*frozenConn
 }
 
-func newFreezer() *freezer {
-	f := &freezer{first: map[string]*frozenConn{}, thawed: make(chan struct{})}
-	close(f.thawed)
-	return f
-}
+func newFreezer() *freezer { return &freezer{first: map[string]*frozenConn{}} }
 
 func (f *freezer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	conn, err := client.DialAddr(ctx, addr)
@@ -123,24 +124,6 @@ func (f *freezer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return fc, nil
 }
 
-func (f *freezer) gate() chan struct{} {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.thawed
-}
-
-func (f *freezer) freeze() {
-	f.mu.Lock()
-	f.thawed = make(chan struct{})
-	f.mu.Unlock()
-}
-
-func (f *freezer) thaw() {
-	f.mu.Lock()
-	close(f.thawed)
-	f.mu.Unlock()
-}
-
 type frozenConn struct {
 	net.Conn
 	f *freezer
@@ -148,12 +131,12 @@ type frozenConn struct {
 
 func (c *frozenConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	<-c.f.gate() // what arrived waits for the thaw
+	c.f.wait() // what arrived waits for the thaw
 	return n, err
 }
 
 func (c *frozenConn) Write(p []byte) (int, error) {
-	<-c.f.gate()
+	c.f.wait()
 	return c.Conn.Write(p)
 }
 
@@ -167,7 +150,7 @@ func TestSessionSurvivesFrozenConnection(t *testing.T) {
 	fr := newFreezer()
 	cl := connect(t, c, client.WithLease(lease), client.WithDialer(fr.dial),
 		client.WithAttemptTimeout(20*time.Second), client.WithRetryTimeout(30*time.Second))
-	writeAcross(t, cl, 4*lease, fr.freeze, fr.thaw)
+	writeAcross(t, cl, 4*lease, fr.shutOff, fr.open)
 }
 
 // TestSessionSurvivesLeaderlessGap: two of three nodes are down for more
