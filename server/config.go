@@ -210,6 +210,10 @@ type RaftTuning struct {
 	SnapshotThreshold uint64
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
+	// MaxLogBytes bounds the log in bytes: past it the node takes a
+	// snapshot and keeps behind it only the newest entries that fit in a
+	// quarter of it (server/logbytes.go).
+	MaxLogBytes uint64
 	// SnapshotRetain is how many snapshot files stay on disk.
 	SnapshotRetain int
 
@@ -253,6 +257,7 @@ func DefaultRaftTuning() RaftTuning {
 		SnapshotThreshold:       2048,
 		TrailingLogs:            512,
 		SnapshotInterval:        20 * time.Second,
+		MaxLogBytes:             256 << 20,
 		SnapshotRetain:          2,
 		MaxInflightApplies:      4,
 		MaxBatchCommands:        256,
@@ -293,6 +298,7 @@ func (t RaftTuning) withDefaults() RaftTuning {
 	setU64(&t.SnapshotThreshold, d.SnapshotThreshold)
 	setU64(&t.TrailingLogs, d.TrailingLogs)
 	setDur(&t.SnapshotInterval, d.SnapshotInterval)
+	setU64(&t.MaxLogBytes, d.MaxLogBytes)
 	setInt(&t.SnapshotRetain, d.SnapshotRetain)
 	setInt(&t.MaxInflightApplies, d.MaxInflightApplies)
 	setInt(&t.MaxBatchCommands, d.MaxBatchCommands)

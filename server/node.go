@@ -35,6 +35,7 @@ type Node struct {
 	rfsm     *raftFSM
 	raft     *raft.Raft
 	stores   *openedStores
+	held     *heldLog // sizes of the log entries held (logbytes.go)
 	trans    raft.Transport
 	ownTrans *raft.NetworkTransport // closed on stop; nil when injected
 
@@ -114,7 +115,8 @@ func (n *Node) start(ctx context.Context) error {
 		n.stores.Snapshots = n.rfsm.snaps
 	}
 	watch := newStoreWatch()
-	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes, watch: watch}
+	n.held = newHeldLog(n.cfg.Raft.MaxLogBytes)
+	n.stores.Log = countingLogStore{LogStore: n.stores.Log, n: &n.traffic.logBytes, watch: watch, held: n.held}
 	if err := n.openTransport(); err != nil {
 		return err
 	}
@@ -146,6 +148,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.serve()
 	n.goBackground(n.leaderLoop)
 	n.goBackground(n.tickLoop)
+	n.goBackground(n.boundLogLoop)
 	n.goBackground(n.selfAddressLoop)
 	n.log.Info("node started", "raft_addr", n.raftAddr, "api_addr", n.apiAddr,
 		"unix", n.cfg.UnixSocket, "existing_state", hasState, "log_store", n.logStoreName())

@@ -305,21 +305,31 @@ type fsmSnapshot struct {
 // Persist streams the header and the state machine's snapshot to sink.
 // With a block directory the stream names blocks by hash and only blocks
 // not yet on disk are written (then synced, before the snapshot itself
-// is closed); without one the blocks go inline.
+// is closed); without one the blocks go inline. An ephemeral node's
+// store keeps the snapshot itself instead (memsnaps.go).
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	w := bufio.NewWriterSize(sink, 1<<20)
-	err := writeSnapshotHeader(w, s.header)
-	if err == nil {
-		err = s.writeState(w)
+	if ms, ok := sink.(*memSink); ok {
+		ms.keep(s)
+		return sink.Close()
 	}
-	if err == nil {
-		err = w.Flush()
-	}
-	if err != nil {
+	if err := s.encode(sink); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("persist snapshot: %w", err)
 	}
 	return sink.Close()
+}
+
+// encode writes the header and the state machine's stream to w.
+func (s *fsmSnapshot) encode(w io.Writer) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	err := writeSnapshotHeader(bw, s.header)
+	if err == nil {
+		err = s.writeState(bw)
+	}
+	if err == nil {
+		err = bw.Flush()
+	}
+	return err
 }
 
 // writeState writes the state machine's stream: blocks by hash into the

@@ -50,7 +50,7 @@ func openStores(cfg *Config, logger hclog.Logger) (*openedStores, error) {
 	}
 	if s.Snapshots == nil {
 		if cfg.Ephemeral {
-			s.Snapshots = raft.NewInmemSnapshotStore()
+			s.Snapshots = newMemSnapshots()
 		} else {
 			snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.Raft.SnapshotRetain, logger.Named("snapshot"))
 			if err != nil {

@@ -55,6 +55,7 @@ type countingLogStore struct {
 	raft.LogStore
 	n     *atomic.Uint64
 	watch *storeWatch // told of every write, so the batcher sees its entries stored
+	held  *heldLog    // the sizes of the entries held, to bound the log in bytes
 }
 
 var _ raft.MonotonicLogStore = countingLogStore{}
@@ -70,11 +71,24 @@ func (s countingLogStore) StoreLogs(logs []*raft.Log) error {
 	if s.watch != nil {
 		s.watch.stored(logs)
 	}
+	if s.held != nil {
+		s.held.stored(logs)
+	}
 	var sum uint64
 	for _, l := range logs {
 		sum += uint64(len(l.Data) + len(l.Extensions))
 	}
 	s.n.Add(sum)
+	return nil
+}
+
+func (s countingLogStore) DeleteRange(minIdx, maxIdx uint64) error {
+	if err := s.LogStore.DeleteRange(minIdx, maxIdx); err != nil {
+		return err
+	}
+	if s.held != nil {
+		s.held.deleted(minIdx, maxIdx)
+	}
 	return nil
 }
 

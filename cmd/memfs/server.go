@@ -94,6 +94,7 @@ func init() {
 	f.Uint64Var(&t.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
 	f.Uint64Var(&t.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept behind a snapshot (< snapshot threshold)")
 	f.DurationVar(&t.SnapshotInterval, "snapshot-interval", d.SnapshotInterval, "how often to check the snapshot threshold")
+	f.Uint64Var(&t.MaxLogBytes, "max-log-bytes", d.MaxLogBytes, "bytes of log entries that trigger a snapshot (a quarter of it stays behind the snapshot)")
 	f.IntVar(&t.MaxInflightApplies, "max-inflight-applies", d.MaxInflightApplies, "batched log entries the leader keeps in flight")
 	f.IntVar(&t.MaxInflightLargeApplies, "max-inflight-large-applies", d.MaxInflightLargeApplies, "large log entries (big writes) the leader keeps in flight")
 	f.IntVar(&t.MaxAppendEntries, "max-append-entries", d.MaxAppendEntries, "log entries per AppendEntries RPC and per leader disk write")
