@@ -164,6 +164,7 @@ func (o *ClientOps) deferSetAttr(ctx context.Context, ino uint64, in SetAttrIn) 
 	if !o.current(ino, s) {
 		return Attr{}, false, 0
 	}
+	end := o.collectedEnd(ino) // before the view: see withHeld
 	cur, e := o.viewOf(ctx, ino, s)
 	if e != 0 {
 		return Attr{}, false, e
@@ -172,7 +173,7 @@ func (o *ClientOps) deferSetAttr(ctx context.Context, ino uint64, in SetAttrIn) 
 		return Attr{}, false, 0
 	}
 	s.merge(in)
-	return o.withHeld(ino, cur, s.held), true, 0
+	return withHeld(cur, s.held, end), true, 0
 }
 
 // heldAttr answers GETATTR for an inode with held changes that include an
@@ -188,18 +189,24 @@ func (o *ClientOps) heldAttr(ctx context.Context, ino uint64) (a Attr, ok bool, 
 	if !s.any || !s.held.SetMtime {
 		return Attr{}, false, 0
 	}
+	end := o.collectedEnd(ino) // before the view: see withHeld
 	cur, e := o.viewOf(ctx, ino, s)
 	if e != 0 {
 		return Attr{}, false, e
 	}
-	return o.withHeld(ino, cur, s.held), true, 0
+	return withHeld(cur, s.held, end), true, 0
 }
 
-// withHeld is cur with the held changes and the collected writes of ino
-// (which only ever extend the file) applied.
-func (o *ClientOps) withHeld(ino uint64, cur Attr, held SetAttrIn) Attr {
+// withHeld is cur with the held changes applied and the size extended to
+// end, the collected writes' (which only ever extend the file). The
+// caller reads end before cur: a commit marks the view stale before its
+// range goes (sendBuffered), so a commit that ends in between is in one
+// of the two. Read the other way round, a commit could end after cur was
+// read and before end was, and be in neither: the answer would be a size
+// older than a write already acknowledged.
+func withHeld(cur Attr, held SetAttrIn, end uint64) Attr {
 	a := held.applyTo(cur, time.Now())
-	if end := o.collectedEnd(ino); end > a.Size {
+	if end > a.Size {
 		a.Size = end
 	}
 	return a

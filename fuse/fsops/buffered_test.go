@@ -383,6 +383,34 @@ func TestOlderWriteResultAfterNewerKeepsNewer(t *testing.T) {
 	require.EqualValues(t, cur.Size+100, base.Size, "the older answer replaced the newer")
 }
 
+// A commit that extends the file and ends while a stat of the file is
+// being answered from what this mount wrote must count in the answer:
+// either by its range or by the base it left.
+func TestCommitEndingDuringStatCounts(t *testing.T) {
+	ops, _, _ := newBufOps(t)
+	ctx := context.Background()
+	a, out, cur := writtenBehind(t, ops)
+	f := ops.file(out.Handle)
+	// An extending commit in flight, as sendBuffered starts one.
+	start := ops.meta.commitBy(a.Ino, f.handle)
+	r := f.claim(int64(cur.Size), int64(cur.Size)+100)
+	// A write inside the file, collected.
+	_, e := ops.Write(ctx, a.Ino, out.Handle, 0, []byte("inside"))
+	require.Zero(t, e)
+	require.True(t, ops.dirty(a.Ino))
+
+	later := cur.Ctime.Add(time.Millisecond)
+	ops.betweenReads = func() {
+		ops.betweenReads = nil
+		ops.meta.committed(a.Ino, &pb.Attr{Ino: a.Ino, Mode: cur.Mode, Nlink: cur.Nlink, Size: cur.Size + 100,
+			CtimeNs: later.UnixNano(), MtimeNs: later.UnixNano()}, start)
+		f.release(r)
+	}
+	got, ok := ops.writtenAttr(a.Ino)
+	require.True(t, ok)
+	require.EqualValues(t, cur.Size+100, got.Size, "the extending commit counted in neither read")
+}
+
 // writtenBehind makes /t/f open for writing with data past what the
 // journal carries for a new file (so written behind), committed; cur is
 // its attributes then.

@@ -66,6 +66,9 @@ type ClientOps struct {
 	cache    *dataCache
 	acc      *accessor
 	reads    atomic.Int64 // read RPCs sent to the cluster (tests)
+	// betweenReads, when set (tests), runs between the two reads an
+	// answer of the written size makes (writtenAttr).
+	betweenReads func()
 
 	// With capabilities (the client was made WithCaps): the metadata
 	// cache (nil without), the kernel's invalidator for recalls, and

@@ -80,13 +80,19 @@ func (o *ClientOps) writtenAttr(ino uint64) (Attr, bool) {
 	if o.hasHeld(ino) || !o.dirty(ino) {
 		return Attr{}, false
 	}
+	// The collected end first, the base after: a commit keeps its answer
+	// as the base before its range goes (sendBuffered), so one that ends
+	// in between is in one of the two. The other way round it could be in
+	// neither, and the size answered older than a write it acknowledged.
+	end := o.collectedEnd(ino)
+	if o.betweenReads != nil {
+		o.betweenReads()
+	}
 	a, ok := o.meta.writingBase(ino)
 	if !ok {
 		return Attr{}, false
 	}
-	if end := o.collectedEnd(ino); end > a.Size {
-		a.Size = end
-	}
+	a.Size = max(a.Size, end)
 	var wrote int64
 	for _, f := range o.openFiles(ino) {
 		wrote = max(wrote, f.wrote.Load())
