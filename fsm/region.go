@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
@@ -82,9 +83,48 @@ func (t *tx) handoff(x *pb.HandoffCmd, sess *session) (*pb.Result, error) {
 	if x.To == 0 || c.leecher != x.To || t.session(x.To) == nil {
 		return nil, errf(syscall.ENOENT, "session %d is not the leecher of inode %d", x.To, x.Ino)
 	}
+	if err := t.handoffWrites(x, sess.id); err != nil {
+		return nil, err
+	}
 	t.delCap(c)
 	t.putCap(&capab{session: x.To, ino: x.Ino, epoch: t.index, since: t.index, excl: true})
 	return &pb.Result{Epoch: t.index, Session: x.To}, nil
+}
+
+// handoffWrites applies the holder's last writes of a handoff, all or
+// none, so that its last push and the move of its capability are one
+// entry.
+func (t *tx) handoffWrites(x *pb.HandoffCmd, session uint64) error {
+	if len(x.Writes) == 0 {
+		return nil
+	}
+	if len(x.Writes) > maxBatch {
+		return errf(syscall.E2BIG, "handoff with %d writes (at most %d)", len(x.Writes), maxBatch)
+	}
+	for i, w := range x.Writes {
+		switch {
+		case w.GetLoc().GetIno() != x.Ino || w.Loc.Parent != 0 || w.Loc.Name != "" || w.Loc.Path != "":
+			return errf(syscall.EINVAL, "write %d of a handoff of inode %d names another file", i+1, x.Ino)
+		case w.Handle != 0 || w.Append || w.Create || w.Truncate || len(w.Hashes) > 0 || len(w.Sums) > 0 || w.Length != 0:
+			return errf(syscall.EINVAL, "write %d of a handoff carries more than an offset and data", i+1)
+		}
+	}
+	sp := t.save()
+	t.blog = &blockLog{}
+	defer func() { t.blog = nil }()
+	for i, w := range x.Writes {
+		_, err := t.nested(&pb.Command{Op: &pb.Command_Write{Write: w}}, session)
+		if err == errRecall {
+			t.rollback(sp, true)
+			return err
+		}
+		if err != nil {
+			t.rollback(sp, false)
+			return fmt.Errorf("write %d of the handoff: %w", i+1, err)
+		}
+	}
+	t.blog.settle(t.blocks)
+	return nil
 }
 
 // checkNamed refuses, for a confined client, an inode named by number

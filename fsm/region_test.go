@@ -129,3 +129,61 @@ func TestRegionQueryLimits(t *testing.T) {
 	require.Equal(t, syscall.E2BIG, errnoOf(h.Q(ft.Region(ino(t, h.Harness, "/f"), 0, 1<<14+1))))
 	require.Len(t, h.MustQ(ft.Region(ino(t, h.Harness, "/f"), 5, 1)).Region.Hashes, 0, "past the end")
 }
+
+// TestHandoffCarriesLastWrites: the holder's last writes travel in the
+// handoff entry and apply with it, in order, all or none; a handoff that
+// fails applies none of them and leaves the capability where it was.
+func TestHandoffCarriesLastWrites(t *testing.T) {
+	at := func(ino uint64, off int64, data string) *pb.WriteCmd {
+		return &pb.WriteCmd{Loc: &pb.Loc{Ino: ino}, Offset: off, Data: []byte(data)}
+	}
+	tests := []struct {
+		name   string
+		writes func(f, other uint64) []*pb.WriteCmd
+		to     func(h *capHarness) uint64
+		errno  syscall.Errno
+		want   string
+	}{
+		{"applied in order", func(f, _ uint64) []*pb.WriteCmd {
+			return []*pb.WriteCmd{at(f, 1, "xy"), at(f, 2, "Z"), at(f, int64(cs)+3, "q")}
+		}, nil, 0, "axZa"},
+		{"not the leecher", func(f, _ uint64) []*pb.WriteCmd { return []*pb.WriteCmd{at(f, 1, "xy")} },
+			func(h *capHarness) uint64 { return h.holder + 1000 }, syscall.ENOENT, "aaaa"},
+		{"another file", func(f, other uint64) []*pb.WriteCmd {
+			return []*pb.WriteCmd{at(f, 1, "xy"), at(other, 0, "z")}
+		}, nil, syscall.EINVAL, "aaaa"},
+		{"more than data", func(f, _ uint64) []*pb.WriteCmd {
+			w := at(f, 1, "xy")
+			w.Truncate = true
+			return []*pb.WriteCmd{w}
+		}, nil, syscall.EINVAL, "aaaa"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newCapHarness(t)
+			h.Must(put("/f", string(bytes.Repeat([]byte("a"), 2*cs))))
+			h.Must(put("/g", "g"))
+			f, other := ino(t, h.Harness, "/f"), ino(t, h.Harness, "/g")
+			g := h.Must(h.as(h.holder, ft.GrantExcl(f)))
+			h.Must(h.as(h.other, ft.Leech(f, true, false)))
+			to := h.other
+			if tc.to != nil {
+				to = tc.to(h)
+			}
+			cmd := ft.Handoff(f, g.Epoch, to)
+			cmd.GetHandoff().Writes = tc.writes(f, other)
+			require.Equal(t, tc.errno, errnoOf(h.Do(h.as(h.holder, cmd))))
+
+			holder := h.holder
+			if tc.errno == 0 {
+				holder = h.other
+			}
+			require.Equal(t, []uint64{holder}, h.F.CapHolders(h.Time)(f))
+			require.Equal(t, tc.want, string(h.MustQ(ft.Read("/f", 0, 4)).Data))
+			require.Equal(t, "g", string(h.MustQ(ft.Read("/g", 0, 4)).Data))
+			if tc.errno == 0 {
+				require.Equal(t, "aaaq", string(h.MustQ(ft.Read("/f", int64(cs), 4)).Data))
+			}
+		})
+	}
+}

@@ -2247,11 +2247,18 @@ func (x *LeechCmd) GetCancel() bool {
 // at this entry's index (Result.epoch). EKEYREVOKED when the capability is
 // not held so; ENOENT when to is not the leecher (it went with its
 // session, or withdrew).
+//
+// writes are the holder's last writes to ino, applied in order in the same
+// entry before the capability moves, all or none (a failed one fails the
+// handoff, which then changes nothing): a handoff costs one commit, not a
+// last push and then a handoff. Each names ino by loc.ino, with offset and
+// data only (no handle, hashes, append, create or truncate).
 type HandoffCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	Writes        []*WriteCmd            `protobuf:"bytes,95,rep,name=writes,proto3" json:"writes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2305,6 +2312,13 @@ func (x *HandoffCmd) GetTo() uint64 {
 		return x.To
 	}
 	return 0
+}
+
+func (x *HandoffCmd) GetWrites() []*WriteCmd {
+	if x != nil {
+		return x.Writes
+	}
+	return nil
 }
 
 // RegionQuery reads what a managed region needs of a regular file
@@ -6642,12 +6656,13 @@ const file_memfs_proto_rawDesc = "" +
 	"\bLeechCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
-	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"D\n" +
+	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"p\n" +
 	"\n" +
 	"HandoffCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
-	"\x02to\x18\x03 \x01(\x04R\x02to\"\xf4\x01\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\x12*\n" +
+	"\x06writes\x18_ \x03(\v2\x12.memfs.v1.WriteCmdR\x06writes\"\xf4\x01\n" +
 	"\vRegionQuery\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
@@ -7133,107 +7148,108 @@ var file_memfs_proto_depIdxs = []int32{
 	26,  // 16: memfs.v1.ReleaseCmd.caps:type_name -> memfs.v1.CapRef
 	26,  // 17: memfs.v1.BatchCmd.fences:type_name -> memfs.v1.CapRef
 	40,  // 18: memfs.v1.BatchCmd.commands:type_name -> memfs.v1.Command
-	5,   // 19: memfs.v1.RegionQuery.loc:type_name -> memfs.v1.Loc
-	1,   // 20: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
-	1,   // 21: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
-	2,   // 22: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
-	2,   // 23: memfs.v1.Token.role:type_name -> memfs.v1.Role
-	8,   // 24: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
-	9,   // 25: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
-	10,  // 26: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
-	11,  // 27: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
-	12,  // 28: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
-	13,  // 29: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
-	14,  // 30: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
-	16,  // 31: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
-	17,  // 32: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
-	18,  // 33: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
-	19,  // 34: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
-	20,  // 35: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
-	25,  // 36: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
-	27,  // 37: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
-	15,  // 38: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
-	28,  // 39: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
-	29,  // 40: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
-	30,  // 41: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
-	35,  // 42: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
-	21,  // 43: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
-	22,  // 44: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
-	23,  // 45: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
-	24,  // 46: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
-	37,  // 47: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
-	38,  // 48: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
-	31,  // 49: memfs.v1.Command.leech:type_name -> memfs.v1.LeechCmd
-	32,  // 50: memfs.v1.Command.handoff:type_name -> memfs.v1.HandoffCmd
-	40,  // 51: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
-	4,   // 52: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
-	6,   // 53: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
-	7,   // 54: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
-	55,  // 55: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
-	42,  // 56: memfs.v1.Result.results:type_name -> memfs.v1.Result
-	36,  // 57: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
-	39,  // 58: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
-	34,  // 59: memfs.v1.Result.region:type_name -> memfs.v1.RegionState
-	5,   // 60: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 61: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 62: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 63: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 64: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 65: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
-	5,   // 66: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
-	1,   // 67: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
-	5,   // 68: memfs.v1.SeekQuery.loc:type_name -> memfs.v1.Loc
-	43,  // 69: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
-	44,  // 70: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
-	45,  // 71: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
-	46,  // 72: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
-	47,  // 73: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
-	48,  // 74: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
-	49,  // 75: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
-	50,  // 76: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
-	51,  // 77: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
-	52,  // 78: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
-	53,  // 79: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
-	33,  // 80: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
-	54,  // 81: memfs.v1.Query.seek:type_name -> memfs.v1.SeekQuery
-	40,  // 82: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
-	42,  // 83: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
-	56,  // 84: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
-	3,   // 85: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
-	42,  // 86: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
-	40,  // 87: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
-	42,  // 88: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
-	64,  // 89: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
-	64,  // 90: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
-	63,  // 91: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
-	63,  // 92: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
-	6,   // 93: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
-	77,  // 94: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
-	57,  // 95: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
-	59,  // 96: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
-	61,  // 97: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
-	59,  // 98: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
-	65,  // 99: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
-	67,  // 100: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
-	69,  // 101: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
-	71,  // 102: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
-	73,  // 103: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
-	75,  // 104: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
-	58,  // 105: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
-	60,  // 106: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
-	58,  // 107: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
-	62,  // 108: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
-	66,  // 109: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
-	68,  // 110: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
-	70,  // 111: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
-	72,  // 112: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
-	74,  // 113: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
-	76,  // 114: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
-	105, // [105:115] is the sub-list for method output_type
-	95,  // [95:105] is the sub-list for method input_type
-	95,  // [95:95] is the sub-list for extension type_name
-	95,  // [95:95] is the sub-list for extension extendee
-	0,   // [0:95] is the sub-list for field type_name
+	10,  // 19: memfs.v1.HandoffCmd.writes:type_name -> memfs.v1.WriteCmd
+	5,   // 20: memfs.v1.RegionQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 21: memfs.v1.LockCmd.type:type_name -> memfs.v1.LockType
+	1,   // 22: memfs.v1.Lock.type:type_name -> memfs.v1.LockType
+	2,   // 23: memfs.v1.TokenCreateCmd.role:type_name -> memfs.v1.Role
+	2,   // 24: memfs.v1.Token.role:type_name -> memfs.v1.Role
+	8,   // 25: memfs.v1.Command.open:type_name -> memfs.v1.OpenCmd
+	9,   // 26: memfs.v1.Command.close:type_name -> memfs.v1.CloseCmd
+	10,  // 27: memfs.v1.Command.write:type_name -> memfs.v1.WriteCmd
+	11,  // 28: memfs.v1.Command.mkdir:type_name -> memfs.v1.MkdirCmd
+	12,  // 29: memfs.v1.Command.remove:type_name -> memfs.v1.RemoveCmd
+	13,  // 30: memfs.v1.Command.rename:type_name -> memfs.v1.RenameCmd
+	14,  // 31: memfs.v1.Command.set_attr:type_name -> memfs.v1.SetAttrCmd
+	16,  // 32: memfs.v1.Command.symlink:type_name -> memfs.v1.SymlinkCmd
+	17,  // 33: memfs.v1.Command.link:type_name -> memfs.v1.LinkCmd
+	18,  // 34: memfs.v1.Command.set_xattr:type_name -> memfs.v1.SetXattrCmd
+	19,  // 35: memfs.v1.Command.remove_xattr:type_name -> memfs.v1.RemoveXattrCmd
+	20,  // 36: memfs.v1.Command.clone:type_name -> memfs.v1.CloneCmd
+	25,  // 37: memfs.v1.Command.grant:type_name -> memfs.v1.GrantCmd
+	27,  // 38: memfs.v1.Command.release:type_name -> memfs.v1.ReleaseCmd
+	15,  // 39: memfs.v1.Command.mknod:type_name -> memfs.v1.MknodCmd
+	28,  // 40: memfs.v1.Command.reserve_inodes:type_name -> memfs.v1.ReserveInodesCmd
+	29,  // 41: memfs.v1.Command.batch:type_name -> memfs.v1.BatchCmd
+	30,  // 42: memfs.v1.Command.touch:type_name -> memfs.v1.TouchCmd
+	35,  // 43: memfs.v1.Command.lock:type_name -> memfs.v1.LockCmd
+	21,  // 44: memfs.v1.Command.open_session:type_name -> memfs.v1.OpenSessionCmd
+	22,  // 45: memfs.v1.Command.keep_alive:type_name -> memfs.v1.KeepAliveCmd
+	23,  // 46: memfs.v1.Command.close_session:type_name -> memfs.v1.CloseSessionCmd
+	24,  // 47: memfs.v1.Command.tick:type_name -> memfs.v1.TickCmd
+	37,  // 48: memfs.v1.Command.token_create:type_name -> memfs.v1.TokenCreateCmd
+	38,  // 49: memfs.v1.Command.token_revoke:type_name -> memfs.v1.TokenRevokeCmd
+	31,  // 50: memfs.v1.Command.leech:type_name -> memfs.v1.LeechCmd
+	32,  // 51: memfs.v1.Command.handoff:type_name -> memfs.v1.HandoffCmd
+	40,  // 52: memfs.v1.Entry.commands:type_name -> memfs.v1.Command
+	4,   // 53: memfs.v1.Result.attr:type_name -> memfs.v1.Attr
+	6,   // 54: memfs.v1.Result.entries:type_name -> memfs.v1.Dirent
+	7,   // 55: memfs.v1.Result.statfs:type_name -> memfs.v1.Statfs
+	55,  // 56: memfs.v1.Result.usage:type_name -> memfs.v1.TreeUsage
+	42,  // 57: memfs.v1.Result.results:type_name -> memfs.v1.Result
+	36,  // 58: memfs.v1.Result.lock:type_name -> memfs.v1.Lock
+	39,  // 59: memfs.v1.Result.tokens:type_name -> memfs.v1.Token
+	34,  // 60: memfs.v1.Result.region:type_name -> memfs.v1.RegionState
+	5,   // 61: memfs.v1.StatQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 62: memfs.v1.ReadQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 63: memfs.v1.ReadDirQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 64: memfs.v1.ReadlinkQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 65: memfs.v1.GetXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 66: memfs.v1.ListXattrQuery.loc:type_name -> memfs.v1.Loc
+	5,   // 67: memfs.v1.UsageQuery.loc:type_name -> memfs.v1.Loc
+	1,   // 68: memfs.v1.LockQuery.type:type_name -> memfs.v1.LockType
+	5,   // 69: memfs.v1.SeekQuery.loc:type_name -> memfs.v1.Loc
+	43,  // 70: memfs.v1.Query.stat:type_name -> memfs.v1.StatQuery
+	44,  // 71: memfs.v1.Query.read:type_name -> memfs.v1.ReadQuery
+	45,  // 72: memfs.v1.Query.read_dir:type_name -> memfs.v1.ReadDirQuery
+	46,  // 73: memfs.v1.Query.readlink:type_name -> memfs.v1.ReadlinkQuery
+	47,  // 74: memfs.v1.Query.get_xattr:type_name -> memfs.v1.GetXattrQuery
+	48,  // 75: memfs.v1.Query.list_xattr:type_name -> memfs.v1.ListXattrQuery
+	49,  // 76: memfs.v1.Query.statfs:type_name -> memfs.v1.StatfsQuery
+	50,  // 77: memfs.v1.Query.handle:type_name -> memfs.v1.HandleQuery
+	51,  // 78: memfs.v1.Query.usage:type_name -> memfs.v1.UsageQuery
+	52,  // 79: memfs.v1.Query.lock:type_name -> memfs.v1.LockQuery
+	53,  // 80: memfs.v1.Query.tokens:type_name -> memfs.v1.TokensQuery
+	33,  // 81: memfs.v1.Query.region:type_name -> memfs.v1.RegionQuery
+	54,  // 82: memfs.v1.Query.seek:type_name -> memfs.v1.SeekQuery
+	40,  // 83: memfs.v1.ApplyRequest.command:type_name -> memfs.v1.Command
+	42,  // 84: memfs.v1.ApplyResponse.result:type_name -> memfs.v1.Result
+	56,  // 85: memfs.v1.QueryRequest.query:type_name -> memfs.v1.Query
+	3,   // 86: memfs.v1.QueryRequest.consistency:type_name -> memfs.v1.Consistency
+	42,  // 87: memfs.v1.QueryResponse.result:type_name -> memfs.v1.Result
+	40,  // 88: memfs.v1.WriteFrame.command:type_name -> memfs.v1.Command
+	42,  // 89: memfs.v1.ReadFrame.result:type_name -> memfs.v1.Result
+	64,  // 90: memfs.v1.NodeStatus.command_latency:type_name -> memfs.v1.OpLatency
+	64,  // 91: memfs.v1.NodeStatus.read_latency:type_name -> memfs.v1.OpLatency
+	63,  // 92: memfs.v1.StatusResponse.nodes:type_name -> memfs.v1.NodeStatus
+	63,  // 93: memfs.v1.StatusResponse.self:type_name -> memfs.v1.NodeStatus
+	6,   // 94: memfs.v1.WatchEvent.entries:type_name -> memfs.v1.Dirent
+	77,  // 95: memfs.v1.WatchEvent.recalls:type_name -> memfs.v1.Recall
+	57,  // 96: memfs.v1.MemFS.Apply:input_type -> memfs.v1.ApplyRequest
+	59,  // 97: memfs.v1.MemFS.Query:input_type -> memfs.v1.QueryRequest
+	61,  // 98: memfs.v1.MemFS.Write:input_type -> memfs.v1.WriteFrame
+	59,  // 99: memfs.v1.MemFS.Read:input_type -> memfs.v1.QueryRequest
+	65,  // 100: memfs.v1.MemFS.Status:input_type -> memfs.v1.StatusRequest
+	67,  // 101: memfs.v1.MemFS.Join:input_type -> memfs.v1.JoinRequest
+	69,  // 102: memfs.v1.MemFS.RemoveNode:input_type -> memfs.v1.RemoveNodeRequest
+	71,  // 103: memfs.v1.MemFS.MissingBlocks:input_type -> memfs.v1.MissingBlocksRequest
+	73,  // 104: memfs.v1.MemFS.FetchBlocks:input_type -> memfs.v1.FetchBlocksRequest
+	75,  // 105: memfs.v1.MemFS.Watch:input_type -> memfs.v1.WatchRequest
+	58,  // 106: memfs.v1.MemFS.Apply:output_type -> memfs.v1.ApplyResponse
+	60,  // 107: memfs.v1.MemFS.Query:output_type -> memfs.v1.QueryResponse
+	58,  // 108: memfs.v1.MemFS.Write:output_type -> memfs.v1.ApplyResponse
+	62,  // 109: memfs.v1.MemFS.Read:output_type -> memfs.v1.ReadFrame
+	66,  // 110: memfs.v1.MemFS.Status:output_type -> memfs.v1.StatusResponse
+	68,  // 111: memfs.v1.MemFS.Join:output_type -> memfs.v1.JoinResponse
+	70,  // 112: memfs.v1.MemFS.RemoveNode:output_type -> memfs.v1.RemoveNodeResponse
+	72,  // 113: memfs.v1.MemFS.MissingBlocks:output_type -> memfs.v1.MissingBlocksResponse
+	74,  // 114: memfs.v1.MemFS.FetchBlocks:output_type -> memfs.v1.BlockFrame
+	76,  // 115: memfs.v1.MemFS.Watch:output_type -> memfs.v1.WatchEvent
+	106, // [106:116] is the sub-list for method output_type
+	96,  // [96:106] is the sub-list for method input_type
+	96,  // [96:96] is the sub-list for extension type_name
+	96,  // [96:96] is the sub-list for extension extendee
+	0,   // [0:96] is the sub-list for field type_name
 }
 
 func init() { file_memfs_proto_init() }
