@@ -32,11 +32,14 @@ const maxBatch = pb.MaxMessageData - 64<<10
 // the content the cluster had when the chunk was last fetched or pushed
 // (valid with hasKnown); dirtyFrom is the write generation that made it
 // differ from known (0: clean); pushFrom that of a push in flight.
+// spans are the bytes written since dirtyFrom, sending those of the push
+// in flight: outside them the local chunk holds what the cluster has.
 type chunk struct {
 	present, fetching, pushing bool
 	hasKnown                   bool
 	known                      Hash
 	dirtyFrom, pushFrom        uint64
+	spans, sending             []span
 	epoch                      uint64 // the capability epoch of its first uncommitted write
 	sinceLeech                 bool
 }
@@ -275,6 +278,11 @@ func (r *Region) revalidate(ctx context.Context) error {
 		fetching := c.fetching
 		r.settle(i)
 		c.known, c.hasKnown = h, true
+		if c.dirtyFrom != 0 || c.pushing {
+			// Written here on a content that is no longer the
+			// cluster's: the ranges written do not make the two equal.
+			c.spans = []span{{0, len(r.chunkMem(i))}}
+		}
 		if fetching {
 			r.claim(i)
 		}
@@ -350,25 +358,29 @@ func (r *Region) write(p []byte, off int64) {
 	copy(r.mem[off:], p)
 	a, b := r.chunks(off, len(p))
 	for i := a; i <= b; i++ {
+		lo := int64(i) * int64(r.cs)
+		hi := min(lo+int64(r.cs), r.size)
 		if !r.ch[i].present {
 			// Written whole: what the cluster had does not matter.
-			lo := int64(i) * int64(r.cs)
-			hi := min(lo+int64(r.cs), int64(len(r.mem)))
 			if off > lo || off+int64(len(p)) < hi {
 				clear(r.mem[max(lo, off+int64(len(p))):hi])
 			}
 			r.ch[i].present = true
 			r.local++
+			r.dirty(i, 0, int(hi-lo))
+		} else {
+			r.dirty(i, int(max(off, lo)-lo), int(min(off+int64(len(p)), hi)-lo))
 		}
-		r.dirty(i)
 		r.opts.Priority.Accessed(i)
 	}
 	r.kickPush()
 }
 
-// dirty marks chunk i written at the current generation.
-func (r *Region) dirty(i int) {
+// dirty marks bytes [lo, hi) of chunk i written at the current
+// generation.
+func (r *Region) dirty(i, lo, hi int) {
 	c := &r.ch[i]
+	c.spans = addSpan(c.spans, lo, hi)
 	if j, ok := r.byHash[c.known]; ok && j == i {
 		delete(r.byHash, c.known)
 	}
@@ -579,9 +591,7 @@ func (r *Region) progressLocked() Progress {
 		if c.present {
 			p.Local += n
 		}
-		if c.dirtyFrom != 0 || c.pushing {
-			p.Dirty += n
-		}
+		p.Dirty += spanBytes(c.spans) + spanBytes(c.sending)
 		if c.sinceLeech {
 			p.DirtySinceLeech += n
 		}

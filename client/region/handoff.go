@@ -87,16 +87,18 @@ func (r *Region) WaitLeecher(ctx context.Context, ready bool) (uint64, error) {
 type HandoffStats struct {
 	To              uint64        // the session the capability went to
 	Epoch           uint64        // its epoch there
-	Pushed          int64         // bytes written back during the finalize
+	Pushed          int64         // bytes written back during the finalize, in the handoff or before it
+	Final           int64         // of them, bytes carried by the handoff command itself
 	DirtySinceLeech int64         // bytes written since the leecher registered
 	Took            time.Duration // from the freeze to the handoff committed
 }
 
 // Finalize hands the region to its registered leecher: it stops taking
-// reads and writes (they wait, then fail with ErrHandedOff), commits
-// what was written, and moves the capability to the leecher's session in
-// one command. When there is no leecher, or it is gone, the region keeps
-// its capability and goes on.
+// reads and writes (they wait, then fail with ErrHandedOff) and moves the
+// capability to the leecher's session in one command that carries the
+// ranges written and not yet committed (also those of pushes in flight,
+// which the handoff overtakes or fences off). When there is no leecher,
+// or it is gone, the region keeps its capability and goes on.
 func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 	var hs HandoffStats
 	if r.opts.ReadOnly {
@@ -110,6 +112,7 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 	}
 	r.state = stateFrozen
 	pushed0 := r.pushed
+	leecher := r.leecher
 	hs.DirtySinceLeech = r.progressLocked().DirtySinceLeech
 	r.notify()
 	r.mu.Unlock()
@@ -120,31 +123,57 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 		r.mu.Unlock()
 		return hs, err
 	}
-	if err := r.Sync(ctx); err != nil {
-		return resume(err)
-	}
-	st, err := r.query(ctx, &pb.RegionQuery{})
-	if err != nil {
-		return resume(err)
-	}
+	r.scanView()
 	epoch, ok := r.c.Caps().ExclusiveEpoch(r.ino)
+	writes, final, fits := r.finalWrites(epoch)
+	if !fits {
+		// Too much for one command, or written under another tenure:
+		// committed first, the old way.
+		if err := r.Sync(ctx); err != nil {
+			return resume(err)
+		}
+		writes, final = nil, 0
+	}
 	r.mu.Lock()
 	lost := r.lost
 	r.mu.Unlock()
-	switch {
-	case st.Leecher == 0:
-		return resume(fmt.Errorf("region %s: no leecher: %w", r.path, fs.ErrNotExist))
-	case !ok || lost:
+	if !ok || lost {
 		return resume(fmt.Errorf("region %s: capability not held: %w", r.path, syscall.EKEYREVOKED))
 	}
-	res, err := r.c.Do(ctx, &pb.Command{Op: &pb.Command_Handoff{Handoff: &pb.HandoffCmd{Ino: r.ino, Epoch: epoch, To: st.Leecher}}})
-	if err != nil {
-		return resume(fmt.Errorf("region %s: handoff: %w", r.path, err))
+	for try := 0; ; try++ {
+		if leecher == 0 || try > 0 {
+			// The watch has not seen one, or saw one that went: ask.
+			st, err := r.query(ctx, &pb.RegionQuery{})
+			if err != nil {
+				return resume(err)
+			}
+			if st.Leecher == 0 {
+				return resume(fmt.Errorf("region %s: no leecher: %w", r.path, fs.ErrNotExist))
+			}
+			if try > 0 && st.Leecher == leecher {
+				return resume(fmt.Errorf("region %s: handoff to %d: %w", r.path, leecher, fs.ErrNotExist))
+			}
+			leecher = st.Leecher
+		}
+		res, err := r.c.Do(ctx, &pb.Command{Op: &pb.Command_Handoff{Handoff: &pb.HandoffCmd{
+			Ino: r.ino, Epoch: epoch, To: leecher, Writes: writes}}})
+		if client.Errno(err) == syscall.ENOENT && try == 0 {
+			continue
+		}
+		if err != nil {
+			return resume(fmt.Errorf("region %s: handoff: %w", r.path, err))
+		}
+		hs.Epoch = res.GetEpoch()
+		break
 	}
-	hs.To, hs.Epoch, hs.Took = st.Leecher, res.GetEpoch(), time.Since(start)
+	hs.To, hs.Took, hs.Final = leecher, time.Since(start), final
 	r.mu.Lock()
-	hs.Pushed = r.pushed - pushed0
+	hs.Pushed = r.pushed - pushed0 + final
 	r.state = stateHandedOff
+	for i := range r.ch {
+		c := &r.ch[i]
+		c.dirtyFrom, c.spans = 0, nil
+	}
 	r.notify()
 	r.mu.Unlock()
 	r.shutdown(stateHandedOff)
@@ -155,6 +184,35 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 	r.freeMem()
 	r.mu.Unlock()
 	return hs, nil
+}
+
+// finalWrites are the writes a handoff under epoch carries: every range
+// written and not known committed, the ranges of pushes in flight
+// included, with what the memory holds now (the region is frozen). fits
+// is false when they would not fit one command, or when a chunk was
+// written under an epoch other than the one the handoff names.
+func (r *Region) finalWrites(epoch uint64) (ws []*pb.WriteCmd, n int64, fits bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range r.ch {
+		c := &r.ch[i]
+		if c.dirtyFrom == 0 && !c.pushing {
+			continue
+		}
+		if c.epoch != epoch {
+			return nil, 0, false
+		}
+		ss := mergeSpans(c.sending, c.spans)
+		n += spanBytes(ss)
+		for _, w := range r.rangeWrites(i, r.chunkMem(i), ss) {
+			w.Data = append([]byte(nil), w.Data...)
+			ws = append(ws, w)
+		}
+		if n > maxBatch || len(ws) > maxPushWrites {
+			return nil, 0, false
+		}
+	}
+	return ws, n, true
 }
 
 // Leecher pulls a region another session holds, to take it over.

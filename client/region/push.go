@@ -18,13 +18,19 @@ func (r *Region) startWriter() {
 	go r.watchLeecher()
 }
 
-// pushItem is one chunk on its way: its content copied at a generation.
+// pushItem is one chunk on its way: its content copied at a generation,
+// and the ranges of it written since it was last committed.
 type pushItem struct {
 	idx   int
 	data  []byte
+	spans []span
 	hash  Hash
 	epoch uint64
 }
+
+// maxPushWrites bounds the write commands of one push (the state machine
+// takes at most 4,096 commands in a batch).
+const maxPushWrites = 1024
 
 // pusher writes dirty chunks back every PushInterval, or at once when
 // kicked by Sync.
@@ -74,7 +80,8 @@ func (r *Region) pushRound(ctx context.Context) {
 			continue
 		}
 		c.pushing, c.pushFrom, c.dirtyFrom = true, c.dirtyFrom, 0
-		items = append(items, pushItem{idx: i, data: append([]byte(nil), r.chunkMem(i)...), epoch: c.epoch})
+		c.sending, c.spans = c.spans, nil
+		items = append(items, pushItem{idx: i, data: append([]byte(nil), r.chunkMem(i)...), spans: c.sending, epoch: c.epoch})
 	}
 	r.mu.Unlock()
 	if len(items) == 0 {
@@ -82,14 +89,16 @@ func (r *Region) pushRound(ctx context.Context) {
 	}
 	var batches [][]pushItem
 	var cur []pushItem
-	size := 0
+	size, writes := 0, 0
 	for _, it := range items {
-		if len(cur) > 0 && (size+len(it.data) > maxBatch || cur[0].epoch != it.epoch) {
+		n := int(spanBytes(it.spans))
+		if len(cur) > 0 && (size+n > maxBatch || writes+len(it.spans) > maxPushWrites || cur[0].epoch != it.epoch) {
 			batches = append(batches, cur)
-			cur, size = nil, 0
+			cur, size, writes = nil, 0, 0
 		}
 		cur = append(cur, it)
-		size += len(it.data)
+		size += n
+		writes += len(it.spans)
 	}
 	batches = append(batches, cur)
 	work := make(chan []pushItem)
@@ -111,8 +120,9 @@ func (r *Region) pushRound(ctx context.Context) {
 }
 
 // pushBatch commits one batch under a fence on the capability its
-// chunks were written under; chunks whose content the cluster has
-// already travel not at all.
+// chunks were written under: of each chunk only the ranges written, one
+// write command each; chunks whose content the cluster has already
+// travel not at all.
 func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 	var cmds []*pb.Command
 	var sent int64
@@ -127,9 +137,10 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 		if b[k].hash == known[k] {
 			continue
 		}
-		cmds = append(cmds, &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
-			Loc: &pb.Loc{Ino: r.ino}, Offset: int64(b[k].idx) * int64(r.cs), Data: b[k].data}}})
-		sent += int64(len(b[k].data))
+		for _, w := range r.rangeWrites(b[k].idx, b[k].data, b[k].spans) {
+			cmds = append(cmds, &pb.Command{Op: &pb.Command_Write{Write: w}})
+			sent += int64(len(w.Data))
+		}
 	}
 	var err error
 	if len(cmds) > 0 {
@@ -142,11 +153,17 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 	for _, it := range b {
 		c := &r.ch[it.idx]
 		c.pushing = false
+		sending := c.sending
+		c.sending = nil
+		if r.state == stateHandedOff {
+			continue // the handoff committed it
+		}
 		if err != nil {
 			// Dirty again from its first uncommitted write.
 			if c.dirtyFrom == 0 || c.pushFrom < c.dirtyFrom {
 				c.dirtyFrom = c.pushFrom
 			}
+			c.spans = mergeSpans(sending, c.spans)
 			continue
 		}
 		c.known, c.hasKnown = it.hash, true
@@ -162,10 +179,21 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 	}
 	if err == nil {
 		r.pushed += sent
-	} else if client.Errno(err) == syscall.EKEYREVOKED && r.err == nil {
+	} else if r.state != stateHandedOff && client.Errno(err) == syscall.EKEYREVOKED && r.err == nil {
 		r.err = fmt.Errorf("%w (%v)", ErrLost, err)
 	}
 	r.notify()
+}
+
+// rangeWrites are the write commands that make the cluster's copy of
+// chunk i equal to data: one per written range.
+func (r *Region) rangeWrites(i int, data []byte, spans []span) []*pb.WriteCmd {
+	ws := make([]*pb.WriteCmd, 0, len(spans))
+	for _, s := range spans {
+		ws = append(ws, &pb.WriteCmd{Loc: &pb.Loc{Ino: r.ino}, Offset: int64(i)*int64(r.cs) + int64(s.lo),
+			Data: data[s.lo:s.hi]})
+	}
+	return ws
 }
 
 // waitPushed returns once no write of generation target or earlier is
@@ -182,8 +210,11 @@ func (r *Region) waitPushed(ctx context.Context, target uint64) error {
 	for {
 		r.mu.Lock()
 		err, pending, wake := r.err, r.pendingUpTo(target), r.wake
+		handedOff := r.state == stateHandedOff
 		r.mu.Unlock()
 		switch {
+		case handedOff:
+			return nil // the handoff committed every write
 		case err != nil:
 			return err
 		case !pending:
@@ -235,7 +266,7 @@ func (r *Region) scanView() {
 				r.wgen++
 				bumped = true
 			}
-			r.dirty(i)
+			r.dirty(i, 0, len(r.chunkMem(i)))
 		}
 	}
 }

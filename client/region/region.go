@@ -243,7 +243,9 @@ func (r *Region) MarkDirty(off, n int64) {
 	n = min(n, r.size-off)
 	r.wgen++
 	for i := int(off / int64(r.cs)); int64(i)*int64(r.cs) < off+n; i++ {
-		r.dirty(i)
+		lo := int64(i) * int64(r.cs)
+		hi := min(lo+int64(r.cs), r.size)
+		r.dirty(i, int(max(off, lo)-lo), int(min(off+n, hi)-lo))
 	}
 	r.kickPush()
 }

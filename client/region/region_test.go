@@ -143,7 +143,7 @@ func TestRegionMovesOnlyChanges(t *testing.T) {
 	_, err = r.WriteAt([]byte("changed"), 1<<16)
 	require.NoError(t, err)
 	require.NoError(t, r.Sync(t.Context()))
-	require.EqualValues(t, 1<<16, r.Progress().Pushed)
+	require.EqualValues(t, len("changed"), r.Progress().Pushed, "only the bytes written travel, not their chunk")
 	require.NoError(t, r.Close())
 
 	// Another region through the same cache fetches nothing it has.
@@ -295,6 +295,54 @@ func TestHandoff(t *testing.T) {
 	got, err := plain.ReadFile("/h")
 	require.NoError(t, err)
 	require.Equal(t, "B's turn", string(got[:8]))
+}
+
+// TestHandoffCarriesLastWrites: what the holder wrote and had not pushed
+// at the freeze travels in the handoff command itself, only the bytes
+// written, and the new holder reads it.
+func TestHandoffCarriesLastWrites(t *testing.T) {
+	cl := server.StartCluster(t, 3)
+	plain := connect(t, cl)
+	require.NoError(t, plain.WriteFile("/w", pattern(8<<16, 5), 0o644))
+	// No push before the finalize: the writes wait for it.
+	a := open(t, connect(t, cl, client.WithCaps()), "/w", region.Options{PushInterval: time.Hour})
+	bc := connect(t, cl, client.WithCaps())
+	l, err := region.Leech(t.Context(), bc, "/w", region.Options{})
+	require.NoError(t, err)
+	require.NoError(t, l.Ready(t.Context()))
+	_, err = a.WaitLeecher(t.Context(), true)
+	require.NoError(t, err)
+	writes := map[int64]string{5: "one", 3<<16 + 100: "two", 3<<16 + 200: "three", 7<<16 + 1: "four"}
+	n := 0
+	for off, s := range writes {
+		_, err := a.WriteAt([]byte(s), off)
+		require.NoError(t, err)
+		n += len(s)
+	}
+	require.Zero(t, a.Progress().Pushed)
+
+	var b *region.Region
+	var takeErr error
+	took := make(chan struct{})
+	go func() { b, takeErr = l.Take(t.Context()); close(took) }()
+	hs, err := a.Finalize(t.Context())
+	require.NoError(t, err)
+	require.EqualValues(t, n, hs.Final, "the handoff carries the bytes written")
+	require.EqualValues(t, n, hs.Pushed, "nothing was pushed before it")
+	<-took
+	require.NoError(t, takeErr)
+	t.Cleanup(func() { _ = b.Close() })
+	want := pattern(8<<16, 5)
+	for off, s := range writes {
+		copy(want[off:], s)
+	}
+	got := make([]byte, len(want))
+	_, err = b.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	got, err = plain.ReadFile("/w")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
 }
 
 // TestHandoffHolderDies: the holder dies before it finalizes; the
