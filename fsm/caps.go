@@ -42,6 +42,11 @@ type capab struct {
 	// over (LeechCmd), 0 for none; ready: it says it has pulled enough.
 	leecher uint64
 	ready   bool
+	// reported: the handoff that began this tenure listed the chunks its
+	// previous holder changed since this session registered as leecher
+	// (changed, ascending). Never changed in place: copies share it.
+	reported bool
+	changed  []uint64
 }
 
 // maxGrant bounds the capabilities one GrantCmd may ask for, entries of

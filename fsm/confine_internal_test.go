@@ -28,11 +28,11 @@ var notInodeFields = map[protoreflect.FullName]bool{
 	"memfs.v1.TreeUsage.files": true, "memfs.v1.TreeUsage.logical_bytes": true,
 	"memfs.v1.TreeUsage.physical_bytes": true, "memfs.v1.TreeUsage.shared_bytes": true,
 	"memfs.v1.WatchEvent.index": true, "memfs.v1.Recall.session": true, "memfs.v1.Recall.epoch": true,
-	"memfs.v1.HandoffCmd.epoch": true, "memfs.v1.HandoffCmd.to": true,
+	"memfs.v1.HandoffCmd.epoch": true, "memfs.v1.HandoffCmd.to": true, "memfs.v1.HandoffCmd.changed": true,
 	"memfs.v1.RegionQuery.first": true, "memfs.v1.RegionQuery.fetch": true, "memfs.v1.RegionQuery.holder": true,
 	"memfs.v1.RegionQuery.epoch": true, "memfs.v1.RegionQuery.leecher": true,
 	"memfs.v1.RegionState.size": true, "memfs.v1.RegionState.holder": true, "memfs.v1.RegionState.epoch": true,
-	"memfs.v1.RegionState.leecher": true,
+	"memfs.v1.RegionState.leecher": true, "memfs.v1.RegionState.changed": true,
 }
 
 // TestInodeFieldsNamed: every 64-bit unsigned field reachable from a

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"slices"
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
@@ -83,12 +84,40 @@ func (t *tx) handoff(x *pb.HandoffCmd, sess *session) (*pb.Result, error) {
 	if x.To == 0 || c.leecher != x.To || t.session(x.To) == nil {
 		return nil, errf(syscall.ENOENT, "session %d is not the leecher of inode %d", x.To, x.Ino)
 	}
+	if err := checkChanged(x); err != nil {
+		return nil, err
+	}
 	if err := t.handoffWrites(x, sess.id); err != nil {
 		return nil, err
 	}
 	t.delCap(c)
-	t.putCap(&capab{session: x.To, ino: x.Ino, epoch: t.index, since: t.index, excl: true})
+	nc := &capab{session: x.To, ino: x.Ino, epoch: t.index, since: t.index, excl: true, reported: x.Report}
+	if x.Report {
+		nc.changed = slices.Clone(x.Changed)
+	}
+	t.putCap(nc)
 	return &pb.Result{Epoch: t.index, Session: x.To}, nil
+}
+
+// maxChanged bounds the chunks a handoff may report changed (a holder
+// with more lets the leecher compare hashes).
+const maxChanged = 1 << 16
+
+// checkChanged refuses a handoff's list of changed chunks unless it is
+// ascending without repeats and bounded.
+func checkChanged(x *pb.HandoffCmd) error {
+	switch {
+	case !x.Report && len(x.Changed) > 0:
+		return errf(syscall.EINVAL, "handoff lists changed chunks without report")
+	case len(x.Changed) > maxChanged:
+		return errf(syscall.E2BIG, "handoff lists %d changed chunks (at most %d)", len(x.Changed), maxChanged)
+	}
+	for i := 1; i < len(x.Changed); i++ {
+		if x.Changed[i] <= x.Changed[i-1] {
+			return errf(syscall.EINVAL, "handoff's changed chunks are not ascending at %d", i)
+		}
+	}
+	return nil
 }
 
 // handoffWrites applies the holder's last writes of a handoff, all or
@@ -179,6 +208,9 @@ func (s *state) regionQuery(x *pb.RegionQuery) (*pb.Result, error) {
 	st := &pb.RegionState{Size: n.size, ChunkSize: uint32(s.chunkSize), Ino: n.ino}
 	if c := s.exclHolder(n.ino); c != nil {
 		st.Holder, st.Epoch, st.Leecher, st.Ready = c.session, c.epoch, c.leecher, c.ready
+		if x.Changed && c.reported {
+			st.Reported, st.Changed = true, slices.Clone(c.changed)
+		}
 	}
 	res := &pb.Result{Region: st}
 	if x.Wait && st.Holder == x.Holder && st.Epoch == x.Epoch && st.Leecher == x.Leecher && st.Ready == x.Ready {

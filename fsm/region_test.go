@@ -187,3 +187,37 @@ func TestHandoffCarriesLastWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestHandoffReportsChanged: the chunks a handoff reports changed are
+// kept by the new capability (and its snapshot) and answered to a region
+// query that asks for them; a list out of order is refused.
+func TestHandoffReportsChanged(t *testing.T) {
+	h := newCapHarness(t)
+	h.Must(put("/f", string(bytes.Repeat([]byte("a"), 8*cs))))
+	f := ino(t, h.Harness, "/f")
+	g := h.Must(h.as(h.holder, ft.GrantExcl(f)))
+	h.Must(h.as(h.other, ft.Leech(f, true, false)))
+	withList := func(report bool, changed ...uint64) *pb.Command {
+		cmd := ft.Handoff(f, g.Epoch, h.other)
+		cmd.GetHandoff().Report, cmd.GetHandoff().Changed = report, changed
+		return cmd
+	}
+	require.Equal(t, syscall.EINVAL, errnoOf(h.Do(h.as(h.holder, withList(true, 5, 1)))))
+	require.Equal(t, syscall.EINVAL, errnoOf(h.Do(h.as(h.holder, withList(true, 1, 1)))))
+	require.Equal(t, syscall.EINVAL, errnoOf(h.Do(h.as(h.holder, withList(false, 1)))))
+	r := h.Must(h.as(h.holder, withList(true, 1, 5, 6)))
+
+	ask := &pb.Query{Q: &pb.Query_Region{Region: &pb.RegionQuery{Ino: f, Changed: true}}}
+	st := h.MustQ(ask).Region
+	require.Equal(t, r.Epoch, st.Epoch)
+	require.True(t, st.Reported)
+	require.Equal(t, []uint64{1, 5, 6}, st.Changed)
+	st = regionOf(t, h, ft.Region(f, 0, 0))
+	require.False(t, st.Reported, "only when asked")
+	require.Empty(t, st.Changed)
+
+	snap := snapBytes(t, h.F)
+	back := restored(t, snap)
+	require.Equal(t, snap, snapBytes(t, back))
+	require.Equal(t, []uint64{1, 5, 6}, back.Query(ask).Region.Changed)
+}

@@ -361,6 +361,22 @@ func (rs *restorer) capab(d *dec) error {
 			return badSnap("capability of session %d on %d: leecher %d, flags %#x", c.session, c.ino, c.leecher, flags)
 		}
 	}
+	if flags&capReport != 0 {
+		n := d.u()
+		if n > maxChanged || n > uint64(len(d.b)) || flags&capExcl == 0 {
+			return badSnap("capability of session %d on %d: %d changed chunks, flags %#x", c.session, c.ino, n, flags)
+		}
+		c.reported, c.changed = true, make([]uint64, 0, n)
+		prev := uint64(0)
+		for k := range n {
+			delta := d.u()
+			if k > 0 && delta == 0 || prev+delta < prev {
+				return badSnap("capability of session %d on %d: changed chunks not ascending", c.session, c.ino)
+			}
+			prev += delta
+			c.changed = append(c.changed, prev)
+		}
+	}
 	c.since = c.epoch // absent: the tenure began with this grant
 	if d.err == nil && len(d.b) > 0 {
 		c.since = d.u()
@@ -372,7 +388,7 @@ func (rs *restorer) capab(d *dec) error {
 	if err := d.done(); err != nil {
 		return err
 	}
-	if flags&^(capExcl|capLeech) != 0 {
+	if flags&^(capExcl|capLeech|capReport) != 0 {
 		return badSnap("capability of session %d on %d: flags %#x", c.session, c.ino, flags)
 	}
 	c.excl = flags&capExcl != 0

@@ -24,8 +24,9 @@ import (
 //	  'S' session (its inode reservations, when it has any or an owner,
 //	      then its owner, when it has one, at the end),
 //	  'F' handle, 'L' exclusive-open state, 'C' capability (with flag
-//	      capLeech its leecher and readiness after the flags; its tenure
-//	      at the end, absent when it equals the epoch),
+//	      capLeech its leecher and readiness after the flags, with
+//	      capReport the chunks its handoff reported changed after those;
+//	      its tenure at the end, absent when it equals the epoch),
 //	  'P' the file locks of one inode: the locks held, then the waiters
 //	  'U' recorded result
 //	  'I' inode (its parent 0 unless a directory: a file's directories
@@ -65,6 +66,10 @@ const (
 
 	capExcl  = 1 // flag of a 'C' record: the capability is exclusive
 	capLeech = 2 // flag of a 'C' record: a leecher (and its readiness) follows the flags
+	// capReport: flag of a 'C' record: the chunks its handoff reported
+	// changed follow (after the leecher): their count, then each one's
+	// distance from the one before (the first's from 0).
+	capReport = 4
 
 	// Flags of a lock in a 'P' record.
 	lockWrite = 1
@@ -171,6 +176,9 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		if c.leecher != 0 {
 			flags |= capLeech
 		}
+		if c.reported {
+			flags |= capReport
+		}
 		e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags)
 		if c.leecher != 0 {
 			ready := uint64(0)
@@ -178,6 +186,14 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 				ready = 1
 			}
 			e.u(c.leecher).u(ready)
+		}
+		if c.reported {
+			e.u(uint64(len(c.changed)))
+			prev := uint64(0)
+			for _, i := range c.changed {
+				e.u(i - prev)
+				prev = i
+			}
 		}
 		if c.since != c.epoch {
 			// Absent when the tenure began with this grant, so a state

@@ -2253,12 +2253,19 @@ func (x *LeechCmd) GetCancel() bool {
 // handoff, which then changes nothing): a handoff costs one commit, not a
 // last push and then a handoff. Each names ino by loc.ino, with offset and
 // data only (no handle, hashes, append, create or truncate).
+//
+// With report, changed lists (ascending) every chunk of ino the holder
+// changed since the leecher registered, writes included: the leecher
+// drops and fetches again those, instead of comparing every chunk's hash.
+// The new capability keeps the list for RegionQuery.changed.
 type HandoffCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
 	Writes        []*WriteCmd            `protobuf:"bytes,95,rep,name=writes,proto3" json:"writes,omitempty"`
+	Changed       []uint64               `protobuf:"varint,96,rep,packed,name=changed,proto3" json:"changed,omitempty"`
+	Report        bool                   `protobuf:"varint,97,opt,name=report,proto3" json:"report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2321,6 +2328,20 @@ func (x *HandoffCmd) GetWrites() []*WriteCmd {
 	return nil
 }
 
+func (x *HandoffCmd) GetChanged() []uint64 {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *HandoffCmd) GetReport() bool {
+	if x != nil {
+		return x.Report
+	}
+	return false
+}
+
 // RegionQuery reads what a managed region needs of a regular file
 // without recalling anyone's capability (it never touches): the exclusive
 // holder and its leecher, the chunk hashes of [first, first+count) (at
@@ -2331,17 +2352,20 @@ func (x *HandoffCmd) GetWrites() []*WriteCmd {
 // differ from the values given, or the call's deadline passes (queued is
 // then set).
 type RegionQuery struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	First         uint64                 `protobuf:"varint,2,opt,name=first,proto3" json:"first,omitempty"`
-	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
-	Fetch         []uint64               `protobuf:"varint,4,rep,packed,name=fetch,proto3" json:"fetch,omitempty"`
-	Wait          bool                   `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
-	Holder        uint64                 `protobuf:"varint,6,opt,name=holder,proto3" json:"holder,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Leecher       uint64                 `protobuf:"varint,8,opt,name=leecher,proto3" json:"leecher,omitempty"`
-	Ready         bool                   `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
-	Loc           *Loc                   `protobuf:"bytes,10,opt,name=loc,proto3" json:"loc,omitempty"` // instead of ino: the file at loc (resolved without a recall too)
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Ino     uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	First   uint64                 `protobuf:"varint,2,opt,name=first,proto3" json:"first,omitempty"`
+	Count   uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Fetch   []uint64               `protobuf:"varint,4,rep,packed,name=fetch,proto3" json:"fetch,omitempty"`
+	Wait    bool                   `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
+	Holder  uint64                 `protobuf:"varint,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Epoch   uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Leecher uint64                 `protobuf:"varint,8,opt,name=leecher,proto3" json:"leecher,omitempty"`
+	Ready   bool                   `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
+	Loc     *Loc                   `protobuf:"bytes,10,opt,name=loc,proto3" json:"loc,omitempty"` // instead of ino: the file at loc (resolved without a recall too)
+	// changed: also the chunk list the handoff that began the holder's
+	// tenure reported (RegionState.changed), if it reported one.
+	Changed       bool `protobuf:"varint,95,opt,name=changed,proto3" json:"changed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2446,19 +2470,31 @@ func (x *RegionQuery) GetLoc() *Loc {
 	return nil
 }
 
+func (x *RegionQuery) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 // RegionState answers a RegionQuery.
 type RegionState struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
-	ChunkSize     uint32                 `protobuf:"varint,2,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	Holder        uint64                 `protobuf:"varint,3,opt,name=holder,proto3" json:"holder,omitempty"`   // the session holding an exclusive capability (0: none)
-	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`     // its epoch
-	Leecher       uint64                 `protobuf:"varint,5,opt,name=leecher,proto3" json:"leecher,omitempty"` // the session registered to take it over (0: none)
-	Ready         bool                   `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
-	Hashes        [][]byte               `protobuf:"bytes,7,rep,name=hashes,proto3" json:"hashes,omitempty"`   // chunks first..first+count-1; empty: a hole
-	Data          [][]byte               `protobuf:"bytes,8,rep,name=data,proto3" json:"data,omitempty"`       // the fetched chunks' bytes, in fetch order (short at end of file, empty for a hole)
-	Fetched       [][]byte               `protobuf:"bytes,9,rep,name=fetched,proto3" json:"fetched,omitempty"` // the fetched chunks' hashes, in fetch order
-	Ino           uint64                 `protobuf:"varint,10,opt,name=ino,proto3" json:"ino,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Size      uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	ChunkSize uint32                 `protobuf:"varint,2,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	Holder    uint64                 `protobuf:"varint,3,opt,name=holder,proto3" json:"holder,omitempty"`   // the session holding an exclusive capability (0: none)
+	Epoch     uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`     // its epoch
+	Leecher   uint64                 `protobuf:"varint,5,opt,name=leecher,proto3" json:"leecher,omitempty"` // the session registered to take it over (0: none)
+	Ready     bool                   `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	Hashes    [][]byte               `protobuf:"bytes,7,rep,name=hashes,proto3" json:"hashes,omitempty"`   // chunks first..first+count-1; empty: a hole
+	Data      [][]byte               `protobuf:"bytes,8,rep,name=data,proto3" json:"data,omitempty"`       // the fetched chunks' bytes, in fetch order (short at end of file, empty for a hole)
+	Fetched   [][]byte               `protobuf:"bytes,9,rep,name=fetched,proto3" json:"fetched,omitempty"` // the fetched chunks' hashes, in fetch order
+	Ino       uint64                 `protobuf:"varint,10,opt,name=ino,proto3" json:"ino,omitempty"`
+	// With RegionQuery.changed: the chunks the previous holder reported
+	// changed since the holder registered as its leecher (HandoffCmd), and
+	// whether it reported them (reported false: the list is unknown).
+	Changed       []uint64 `protobuf:"varint,95,rep,packed,name=changed,proto3" json:"changed,omitempty"`
+	Reported      bool     `protobuf:"varint,96,opt,name=reported,proto3" json:"reported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2561,6 +2597,20 @@ func (x *RegionState) GetIno() uint64 {
 		return x.Ino
 	}
 	return 0
+}
+
+func (x *RegionState) GetChanged() []uint64 {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *RegionState) GetReported() bool {
+	if x != nil {
+		return x.Reported
+	}
+	return false
 }
 
 // LockCmd takes, changes or releases a lock of the session on inode ino
@@ -6656,13 +6706,15 @@ const file_memfs_proto_rawDesc = "" +
 	"\bLeechCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
-	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"p\n" +
+	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"\xa2\x01\n" +
 	"\n" +
 	"HandoffCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x0e\n" +
 	"\x02to\x18\x03 \x01(\x04R\x02to\x12*\n" +
-	"\x06writes\x18_ \x03(\v2\x12.memfs.v1.WriteCmdR\x06writes\"\xf4\x01\n" +
+	"\x06writes\x18_ \x03(\v2\x12.memfs.v1.WriteCmdR\x06writes\x12\x18\n" +
+	"\achanged\x18` \x03(\x04R\achanged\x12\x16\n" +
+	"\x06report\x18a \x01(\bR\x06report\"\x8e\x02\n" +
 	"\vRegionQuery\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05first\x18\x02 \x01(\x04R\x05first\x12\x14\n" +
@@ -6674,7 +6726,8 @@ const file_memfs_proto_rawDesc = "" +
 	"\aleecher\x18\b \x01(\x04R\aleecher\x12\x14\n" +
 	"\x05ready\x18\t \x01(\bR\x05ready\x12\x1f\n" +
 	"\x03loc\x18\n" +
-	" \x01(\v2\r.memfs.v1.LocR\x03loc\"\xf6\x01\n" +
+	" \x01(\v2\r.memfs.v1.LocR\x03loc\x12\x18\n" +
+	"\achanged\x18_ \x01(\bR\achanged\"\xac\x02\n" +
 	"\vRegionState\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x04R\x04size\x12\x1d\n" +
 	"\n" +
@@ -6687,7 +6740,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\b \x03(\fR\x04data\x12\x18\n" +
 	"\afetched\x18\t \x03(\fR\afetched\x12\x10\n" +
 	"\x03ino\x18\n" +
-	" \x01(\x04R\x03ino\"\xd5\x01\n" +
+	" \x01(\x04R\x03ino\x12\x18\n" +
+	"\achanged\x18_ \x03(\x04R\achanged\x12\x1a\n" +
+	"\breported\x18` \x01(\bR\breported\"\xd5\x01\n" +
 	"\aLockCmd\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\x04R\x05owner\x12&\n" +
