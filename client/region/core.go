@@ -41,7 +41,15 @@ type chunk struct {
 	dirtyFrom, pushFrom        uint64
 	spans, sending             []span
 	epoch                      uint64 // the capability epoch of its first uncommitted write
-	sinceLeech                 bool
+	// sinceLeech: changed in the cluster, or to be, since the leecher
+	// registered (what a handoff reports). ackAt: when a push of it was
+	// last committed.
+	sinceLeech bool
+	ackAt      time.Time
+	// staleBelow: a fetch issued before this fetch sequence number may
+	// carry content older than the cluster's (the handoff reported the
+	// chunk changed); its answer is dropped.
+	staleBelow uint64
 }
 
 // Region is a file kept in local memory; see the package comment.
@@ -84,6 +92,7 @@ type Region struct {
 	pulled                 int64         // guarded by mu
 	pushed                 int64         // guarded by mu
 	leecher                uint64        // the leecher seen registered; guarded by mu
+	fetchSeq               uint64        // fetches issued; guarded by mu
 	lastReport             time.Time     // guarded by mu
 	lastPulled, lastPushed int64         // guarded by mu
 }
@@ -259,13 +268,20 @@ func (r *Region) hold(ctx context.Context) error {
 // revalidate drops the local chunks whose committed hash is no longer
 // the one they were fetched or pushed with.
 func (r *Region) revalidate(ctx context.Context) error {
+	_, err := r.revalidateCount(ctx)
+	return err
+}
+
+// revalidateCount is revalidate, counting the chunks whose hash changed.
+func (r *Region) revalidateCount(ctx context.Context) (int, error) {
 	hs, _, err := r.hashes(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.auth = true
+	n := 0
 	for i := range r.ch {
 		c := &r.ch[i]
 		var h Hash
@@ -275,6 +291,7 @@ func (r *Region) revalidate(ctx context.Context) error {
 		if c.hasKnown && c.known == h {
 			continue
 		}
+		n++
 		fetching := c.fetching
 		r.settle(i)
 		c.known, c.hasKnown = h, true
@@ -292,7 +309,35 @@ func (r *Region) revalidate(ctx context.Context) error {
 		}
 	}
 	r.notify()
-	return nil
+	return n, nil
+}
+
+// revalidateChunks drops the chunks the handoff reported changed since
+// they were pulled; their hashes are learnt when they are fetched again,
+// and fetches under way for them are dropped when they answer.
+func (r *Region) revalidateChunks(changed []uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.auth = true
+	for _, x := range changed {
+		if x >= uint64(len(r.ch)) {
+			continue
+		}
+		i := int(x)
+		c := &r.ch[i]
+		fetching := c.fetching
+		r.settle(i)
+		if c.present && c.dirtyFrom == 0 && !c.pushing {
+			r.drop(i)
+		}
+		c.known, c.hasKnown = Hash{}, false
+		c.fetching = fetching // settled: its answer counts nowhere
+		c.staleBelow = r.fetchSeq + 1
+		if !c.present {
+			r.urgent = append(r.urgent, i)
+		}
+	}
+	r.notify()
 }
 
 func (r *Region) drop(i int) {
@@ -421,6 +466,7 @@ func (r *Region) ensure(ctx context.Context, off int64, n int, forWrite bool) er
 			r.mu.Unlock()
 			return ErrClosed
 		}
+		var own []int
 		for i := a; i <= b; i++ {
 			c := &r.ch[i]
 			if b-a < 16 && (!forWrite || !r.whole(i, off, n)) {
@@ -428,6 +474,11 @@ func (r *Region) ensure(ctx context.Context, off int64, n int, forWrite bool) er
 			}
 			switch {
 			case c.present || forWrite && r.whole(i, off, n):
+			case c.fetching && forWrite && b-a < 4:
+				// A puller's batch has it, with up to 1 MiB of other
+				// chunks: a write fetches its few chunks itself rather
+				// than wait for the batch.
+				own = append(own, i)
 			case c.fetching || r.sameInFlight(i):
 				waiting = true
 			case r.fromLocal(i):
@@ -438,8 +489,8 @@ func (r *Region) ensure(ctx context.Context, off int64, n int, forWrite bool) er
 		}
 		wake := r.wake
 		r.mu.Unlock()
-		if len(claim) > 0 {
-			if err := r.fetch(ctx, claim); err != nil {
+		if len(claim) > 0 || len(own) > 0 {
+			if err := r.fetch(ctx, append(claim, own...)); err != nil {
 				return err
 			}
 			continue
@@ -510,6 +561,10 @@ func (r *Region) fetch(ctx context.Context, claim []int) error {
 		for k, i := range part {
 			idx[k] = uint64(i)
 		}
+		r.mu.Lock()
+		r.fetchSeq++
+		seq := r.fetchSeq
+		r.mu.Unlock()
 		st, err := r.query(ctx, &pb.RegionQuery{Fetch: idx})
 		if err != nil {
 			firstErr = err
@@ -525,7 +580,7 @@ func (r *Region) fetch(ctx context.Context, claim []int) error {
 			}
 			var h Hash
 			copy(h[:], st.Fetched[k])
-			if r.auth && c.hasKnown && h != c.known {
+			if seq < c.staleBelow || r.auth && c.hasKnown && h != c.known {
 				// Fetched before the hashes were read again: stale.
 				r.urgent = append(r.urgent, i)
 				continue

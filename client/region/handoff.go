@@ -28,10 +28,20 @@ func (r *Region) poll(ctx context.Context, last *pb.RegionState) (*pb.RegionStat
 
 // pollFor is poll for at most wait.
 func (r *Region) pollFor(ctx context.Context, last *pb.RegionState, wait time.Duration) (*pb.RegionState, error) {
+	return r.pollQuery(ctx, last, wait, false)
+}
+
+// pollChanged is pollFor whose answer carries the chunks the handoff
+// that began the holder's tenure reported changed.
+func (r *Region) pollChanged(ctx context.Context, last *pb.RegionState, wait time.Duration) (*pb.RegionState, error) {
+	return r.pollQuery(ctx, last, wait, true)
+}
+
+func (r *Region) pollQuery(ctx context.Context, last *pb.RegionState, wait time.Duration, changed bool) (*pb.RegionState, error) {
 	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	st, err := r.query(pctx, &pb.RegionQuery{Wait: true, Holder: last.GetHolder(), Epoch: last.GetEpoch(),
-		Leecher: last.GetLeecher(), Ready: last.GetReady()})
+		Leecher: last.GetLeecher(), Ready: last.GetReady(), Changed: changed})
 	if err != nil && ctx.Err() == nil && (errors.Is(err, client.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)) {
 		return last, nil // the poll ran out: ask again
 	}
@@ -43,7 +53,9 @@ func (r *Region) pollFor(ctx context.Context, last *pb.RegionState, wait time.Du
 func (r *Region) watchLeecher() {
 	defer r.wg.Done()
 	var last *pb.RegionState
+	var lastSent time.Time // when the poll that answered last was sent
 	for r.ctx.Err() == nil {
+		sent := time.Now()
 		st, err := r.poll(r.ctx, last)
 		if err != nil {
 			select {
@@ -52,15 +64,31 @@ func (r *Region) watchLeecher() {
 			}
 			continue
 		}
-		last = st
+		if st == nil || st == last {
+			continue // the poll ran out
+		}
 		r.mu.Lock()
 		if st.Leecher != r.leecher {
 			r.leecher = st.Leecher
-			for i := range r.ch {
-				r.ch[i].sinceLeech = false
-			}
+			r.sawLeecher(st.Leecher != 0, last != nil, lastSent)
 		}
 		r.mu.Unlock()
+		last, lastSent = st, sent
+	}
+}
+
+// sawLeecher marks the chunks changed in the cluster since a new leecher
+// registered, or to be: those dirty or on their way now, and those whose
+// push was committed after since, when the answer of the poll sent at
+// since did not show the leecher yet (known). The polls are
+// linearizable reads, so a push acknowledged before since was committed
+// before that answer's state, and so before the registration; the
+// leecher pulled every chunk after it registered.
+func (r *Region) sawLeecher(leecher, known bool, since time.Time) {
+	for i := range r.ch {
+		c := &r.ch[i]
+		c.sinceLeech = leecher && (c.dirtyFrom != 0 || c.pushing ||
+			!c.ackAt.IsZero() && (!known || !c.ackAt.Before(since)))
 	}
 }
 
@@ -155,8 +183,9 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 			}
 			leecher = st.Leecher
 		}
+		changed, report := r.changedSinceLeech(leecher)
 		res, err := r.c.Do(ctx, &pb.Command{Op: &pb.Command_Handoff{Handoff: &pb.HandoffCmd{
-			Ino: r.ino, Epoch: epoch, To: leecher, Writes: writes}}})
+			Ino: r.ino, Epoch: epoch, To: leecher, Writes: writes, Changed: changed, Report: report}}})
 		if client.Errno(err) == syscall.ENOENT && try == 0 {
 			continue
 		}
@@ -184,6 +213,30 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 	r.freeMem()
 	r.mu.Unlock()
 	return hs, nil
+}
+
+// maxReport bounds the chunks a handoff reports changed (the state
+// machine takes 65,536); a holder that changed more lets the leecher
+// compare hashes.
+const maxReport = 1 << 16
+
+// changedSinceLeech lists the chunks changed since leecher registered,
+// when the watch has followed that registration (report).
+func (r *Region) changedSinceLeech(leecher uint64) (changed []uint64, report bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if leecher == 0 || leecher != r.leecher {
+		return nil, false
+	}
+	for i := range r.ch {
+		if r.ch[i].sinceLeech {
+			if len(changed) == maxReport {
+				return nil, false
+			}
+			changed = append(changed, uint64(i))
+		}
+	}
+	return changed, true
 }
 
 // finalWrites are the writes a handoff under epoch carries: every range
@@ -221,6 +274,18 @@ type Leecher struct {
 	expect  func()
 	session uint64
 	ready   bool
+	// holderEpoch is the epoch of the capability first registered on;
+	// broken: a registration since found another grant (or none), so
+	// the holder's report of what changed may miss changes.
+	holderEpoch uint64
+	broken      bool
+	taken       TakeStats
+}
+
+// TakeStats describe how a Take learnt what changed since the pull.
+type TakeStats struct {
+	Reported bool // the handoff listed the changed chunks (else every hash was read again)
+	Changed  int  // chunks dropped to be fetched again
 }
 
 // Leech registers c's session as the leecher of path's region and pulls
@@ -264,9 +329,19 @@ func (l *Leecher) register(ctx context.Context) error {
 	deadline := time.Now().Add(holderGoneAfter)
 	backoff := time.Millisecond
 	for {
-		_, err := l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Ready: l.ready}}})
+		res, err := l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Ready: l.ready}}})
+		if err == nil {
+			if l.holderEpoch == 0 {
+				l.holderEpoch = res.GetEpoch()
+			} else if res.GetEpoch() != l.holderEpoch {
+				l.broken = true
+			}
+		}
 		if client.Errno(err) != syscall.ENOENT || time.Now().After(deadline) {
 			return err
+		}
+		if l.holderEpoch != 0 {
+			l.broken = true // the registration went with the holder's capability
 		}
 		select {
 		case <-time.After(backoff):
@@ -279,6 +354,9 @@ func (l *Leecher) register(ctx context.Context) error {
 
 // Progress reports the pull.
 func (l *Leecher) Progress() Progress { return l.r.Progress() }
+
+// Taken describes the Take that returned.
+func (l *Leecher) Taken() TakeStats { return l.taken }
 
 // Ready tells the holder the leecher has pulled enough (WaitLeecher).
 func (l *Leecher) Ready(ctx context.Context) error {
@@ -307,13 +385,14 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	r := l.r
 	caps := r.c.Caps()
 	var last *pb.RegionState
-	var noHolder time.Time // since when no session holds the file
+	var noHolder time.Time     // since when no session holds the file
+	var report *pb.RegionState // the answer that showed the handoff, with its list
 	for {
 		wait := pollWait
 		if !noHolder.IsZero() {
 			wait = max(time.Until(noHolder.Add(holderGoneAfter)), time.Millisecond)
 		}
-		st, err := r.pollFor(ctx, last, wait)
+		st, err := r.pollChanged(ctx, last, wait)
 		if err != nil {
 			return nil, err
 		}
@@ -328,6 +407,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 		}
 		switch {
 		case st.Holder == l.session && caps.AdoptHandoff(l.session, r.ino, st.Epoch):
+			report = st
 		case st.Holder == l.session:
 			// Handed over, and recalled by another session's read or
 			// write before it was adopted (the client gave it back):
@@ -346,6 +426,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 		case st.Leecher != l.session:
 			// Withdrawn (the holder's capability was granted again
 			// after a loss): register again.
+			l.broken = true
 			if err := l.register(ctx); err != nil && client.Errno(err) != syscall.ENOENT {
 				return nil, err
 			}
@@ -363,8 +444,17 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	if !ok {
 		return nil, fmt.Errorf("region %s: capability lost at once: %w", r.path, syscall.EAGAIN)
 	}
-	if err := r.revalidate(ctx); err != nil {
-		return nil, err
+	if report != nil && report.Reported && !l.broken && report.Epoch == epoch {
+		// The holder listed what changed since the registration, which
+		// came before every pull: only those are fetched again.
+		r.revalidateChunks(report.Changed)
+		l.taken = TakeStats{Reported: true, Changed: len(report.Changed)}
+	} else {
+		n, err := r.revalidateCount(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l.taken = TakeStats{Changed: n}
 	}
 	r.mu.Lock()
 	r.epoch, r.lost, r.writable, r.state = epoch, false, true, stateOpen

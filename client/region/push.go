@@ -142,6 +142,10 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 			sent += int64(len(w.Data))
 		}
 	}
+	sentIdx := make(map[int]bool, len(b))
+	for _, c := range cmds {
+		sentIdx[int(c.GetWrite().Offset/int64(r.cs))] = true
+	}
 	var err error
 	if len(cmds) > 0 {
 		cmd := &pb.Command{Op: &pb.Command_Batch{Batch: &pb.BatchCmd{
@@ -167,6 +171,9 @@ func (r *Region) pushBatch(ctx context.Context, b []pushItem) {
 			continue
 		}
 		c.known, c.hasKnown = it.hash, true
+		if sentIdx[it.idx] {
+			c.ackAt = time.Now()
+		}
 		// Written again since the copy: dirty() gave the chunk the
 		// capability of that write, which may still be the one whose
 		// release waits for this chunk; it stays.

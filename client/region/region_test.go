@@ -345,6 +345,50 @@ func TestHandoffCarriesLastWrites(t *testing.T) {
 	require.Equal(t, want, got)
 }
 
+// TestHandoffReportsChanged: the handoff tells the new holder which
+// chunks changed since it registered, exactly those the holder wrote
+// since, and it fetches only those again instead of reading every hash.
+func TestHandoffReportsChanged(t *testing.T) {
+	cl := server.StartCluster(t, 3)
+	plain := connect(t, cl)
+	const chunks = 16
+	require.NoError(t, plain.WriteFile("/r", pattern(chunks<<16, 13), 0o644))
+	a := open(t, connect(t, cl, client.WithCaps()), "/r", region.Options{})
+	bc := connect(t, cl, client.WithCaps())
+	l, err := region.Leech(t.Context(), bc, "/r", region.Options{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Progress().Local == l.Progress().Size }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, l.Ready(t.Context()))
+	_, err = a.WaitLeecher(t.Context(), true)
+	require.NoError(t, err)
+	for _, i := range []int64{2, 9} {
+		_, err = a.WriteAt([]byte("changed"), i<<16+100)
+		require.NoError(t, err)
+	}
+	// The holder's watch has seen the leecher: the writes count for it.
+	require.Eventually(t, func() bool { return a.Progress().DirtySinceLeech == 2<<16 }, 30*time.Second, 10*time.Millisecond)
+	pulled := l.Progress().Pulled
+
+	var b *region.Region
+	var takeErr error
+	took := make(chan struct{})
+	go func() { b, takeErr = l.Take(t.Context()); close(took) }()
+	_, err = a.Finalize(t.Context())
+	require.NoError(t, err)
+	<-took
+	require.NoError(t, takeErr)
+	t.Cleanup(func() { _ = b.Close() })
+	require.Equal(t, region.TakeStats{Reported: true, Changed: 2}, l.Taken())
+	got := make([]byte, chunks<<16)
+	_, err = b.ReadAt(got, 0)
+	require.NoError(t, err)
+	want, err := plain.ReadFile("/r")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.Equal(t, "changed", string(got[9<<16+100:9<<16+107]))
+	require.EqualValues(t, 2<<16, b.Progress().Pulled-pulled, "only the two changed chunks fetched again")
+}
+
 // TestHandoffHolderDies: the holder dies before it finalizes; the
 // leecher gets the capability once the holder's lease ran out, with at
 // least what the holder synced.

@@ -186,7 +186,8 @@ file is checked the same way through a read-only region of a third session.
 Reported per round: the pause (the application's last accepted write on the old
 holder to its first on the new one), the finalize, the bytes pushed in it, the
 bytes written since the leecher registered, and the bytes the new holder
-fetched again (the chunks that changed after it pulled them). A --path the demo made is removed at the
+fetched again (the chunks that changed after it pulled them), with how it
+learnt which: listed by the handoff, or from every chunk's hash read again. A --path the demo made is removed at the
 end unless --keep; an existing file is used as it is (extended to --size) and
 kept, its first chunks overwritten with counters.`,
 	Args: cobra.NoArgs,
@@ -434,11 +435,15 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		}
 		hr.took, hr.pushed, hr.dirty = hs.Took, hs.Pushed, hs.DirtySinceLeech
 		hr.refetched = holder.Progress().Pulled - pulledBefore
+		how := "listed by the handoff"
+		if !l.Taken().Reported {
+			how = "found by reading every hash"
+		}
 		rounds = append(rounds, hr)
 		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize, %s written since the leecher came, "+
-			"%s fetched again by the new holder; leech pulled %s in %v; %d counters checked\n",
+			"%s fetched again by the new holder (%d chunks changed, %s); leech pulled %s in %v; %d counters checked\n",
 			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.dirty),
-			formatBytes(hr.refetched), formatBytes(hr.leechPulled), round(hr.leech), n)
+			formatBytes(hr.refetched), l.Taken().Changed, how, formatBytes(hr.leechPulled), round(hr.leech), n)
 	}
 	stopApp()
 	<-appDone
