@@ -28,9 +28,9 @@ type pushItem struct {
 	epoch uint64
 }
 
-// maxPushWrites bounds the write commands of one push (the state machine
-// takes at most 4,096 commands in a batch).
-const maxPushWrites = 1024
+// maxPushWrites bounds the write commands of one push or handoff: the
+// most the state machine takes in a batch.
+const maxPushWrites = 4096
 
 // pusher writes dirty chunks back every PushInterval, or at once when
 // kicked by Sync.
