@@ -184,7 +184,8 @@ last counter the application wrote into it, whichever session wrote it (a lost
 write shows as an older value, a reordered one too). At the end the committed
 file is checked the same way through a read-only region of a third session.
 Reported per round: the pause (the application's last accepted write on the old
-holder to its first on the new one), the finalize, the bytes pushed in it, the
+holder to its first on the new one), the finalize, the bytes pushed in it (and how
+many of them the handoff command itself carried), the
 bytes written since the leecher registered, and the bytes the new holder
 fetched again (the chunks that changed after it pulled them), with how it
 learnt which: listed by the handoff, or from every chunk's hash read again. A --path the demo made is removed at the
@@ -315,8 +316,8 @@ func (a *app) check(r io.ReaderAt) (int, error) {
 }
 
 type handoffRound struct {
-	pause, took, leech                    time.Duration
-	pushed, dirty, refetched, leechPulled int64
+	pause, took, leech                           time.Duration
+	pushed, final, dirty, refetched, leechPulled int64
 }
 
 func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
@@ -433,16 +434,16 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		if err != nil {
 			return fmt.Errorf("round %d: %w", rd+1, err)
 		}
-		hr.took, hr.pushed, hr.dirty = hs.Took, hs.Pushed, hs.DirtySinceLeech
+		hr.took, hr.pushed, hr.final, hr.dirty = hs.Took, hs.Pushed, hs.Final, hs.DirtySinceLeech
 		hr.refetched = holder.Progress().Pulled - pulledBefore
 		how := "listed by the handoff"
 		if !l.Taken().Reported {
 			how = "found by reading every hash"
 		}
 		rounds = append(rounds, hr)
-		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize, %s written since the leecher came, "+
+		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize (%s of it in the handoff command), %s written since the leecher came, "+
 			"%s fetched again by the new holder (%d chunks changed, %s); leech pulled %s in %v; %d counters checked\n",
-			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.dirty),
+			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.final), formatBytes(hr.dirty),
 			formatBytes(hr.refetched), l.Taken().Changed, how, formatBytes(hr.leechPulled), round(hr.leech), n)
 	}
 	stopApp()
