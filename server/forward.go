@@ -51,7 +51,7 @@ func (n *Node) forwardRead(ctx context.Context, req *pb.QueryRequest, stream grp
 	for {
 		f, err := up.Recv()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return n.forwardErr(stream.Context(), nil, nil)
 		}
 		if err != nil {
 			return n.forwardErr(stream.Context(), err, up.Trailer())
@@ -97,8 +97,8 @@ func (n *Node) forwardWrite(ctx context.Context, first *pb.WriteFrame,
 		have += len(f.Data)
 	}
 	resp, err := up.CloseAndRecv()
-	if err != nil {
-		return n.forwardErr(ctx, err, up.Trailer())
+	if err := n.forwardErr(ctx, err, up.Trailer()); err != nil {
+		return err
 	}
 	return stream.SendAndClose(resp)
 }
@@ -123,9 +123,11 @@ func (n *Node) leaderClient(ctx context.Context) (pb.MemFSClient, error) {
 }
 
 // forwardErr passes the leader's answer through. An UNAVAILABLE answer
-// keeps the leader's hint, or gets ours.
+// keeps the leader's hint, or gets ours; a success names the leader too
+// (nameLeader).
 func (n *Node) forwardErr(ctx context.Context, err error, tr metadata.MD) error {
 	if err == nil {
+		n.nameLeader(ctx)
 		return nil
 	}
 	if status.Code(err) != codes.Unavailable {
@@ -137,6 +139,17 @@ func (n *Node) forwardErr(ctx context.Context, err error, tr metadata.MD) error 
 	}
 	_, api := n.Leader()
 	return withLeaderHint(ctx, err, api)
+}
+
+// nameLeader puts the leader's API address in the trailer of a call this
+// follower forwarded and the leader answered, so that the client sends
+// its next calls to the leader itself: through a follower every byte
+// crosses two connections instead of one (and, under TLS, is encrypted
+// and decrypted twice).
+func (n *Node) nameLeader(ctx context.Context) {
+	if _, api := n.Leader(); api != "" && api != n.apiAddr {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(pb.LeaderTrailer, api))
+	}
 }
 
 // localErr maps an error of this node's own Raft work to a status, with a
