@@ -69,20 +69,44 @@ func (b *tab[T]) root() btree[T] {
 
 // childIndex is the child of inner node n whose subtree holds k.
 func (n *btNode[T]) childIndex(k []byte) int {
-	i, _ := slices.BinarySearchFunc(n.keys[1:], k, cmpUpper)
-	return i // the number of keys[1:] <= k
-}
-
-// cmpUpper orders so that a binary search for k finds the first key above it.
-func cmpUpper(a, k []byte) int {
-	if bytes.Compare(a, k) <= 0 {
-		return -1
-	}
-	return 1
+	return upperBound(n.keys[1:], k) // the number of keys[1:] <= k
 }
 
 func (n *btNode[T]) find(k []byte) (int, bool) {
-	return slices.BinarySearchFunc(n.keys, k, bytes.Compare)
+	i := lowerBound(n.keys, k)
+	return i, i < len(n.keys) && bytes.Equal(n.keys[i], k)
+}
+
+// lowerBound and upperBound are binary searches written out rather than
+// slices.BinarySearchFunc, through which the key escapes: every lookup
+// by a key on the stack would allocate.
+
+// lowerBound is the index of the first of keys at or above k.
+func lowerBound(keys [][]byte, k []byte) int {
+	lo, hi := 0, len(keys)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if bytes.Compare(keys[m], k) < 0 {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// upperBound is the index of the first of keys above k.
+func upperBound(keys [][]byte, k []byte) int {
+	lo, hi := 0, len(keys)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if bytes.Compare(keys[m], k) <= 0 {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
 }
 
 func (b *tab[T]) get(k []byte) (T, bool) {

@@ -120,8 +120,6 @@ func checkNode(n *btNode[int], lo, hi []byte, d int, depth *int, top bool) strin
 	return ""
 }
 
-func key(parent uint64, name string) []byte { return dirKey(parent, name) }
-
 // TestTabMatchesModel applies random puts and deletes in transactions of
 // random sizes, keeping every committed version, and checks at the end
 // that each version still reads as it did when committed: a later
@@ -161,7 +159,7 @@ func TestTabMatchesModel(t *testing.T) {
 					default:
 						n = rng.IntN(tc.keys)
 					}
-					k := key(uint64(n%7), string(binary.BigEndian.AppendUint32(nil, uint32(n))))
+					k := dirKey(uint64(n%7), string(binary.BigEndian.AppendUint32(nil, uint32(n))))
 					if rng.IntN(100) < tc.delPct {
 						b.del(k)
 						m.del(string(k))
