@@ -31,6 +31,24 @@ func connect(t *testing.T, c *server.Cluster, opts ...client.Option) *client.Cli
 	return cl
 }
 
+func TestClientMovesFromForwardingFollowerToLeader(t *testing.T) {
+	c := server.StartCluster(t, 3)
+	leader := c.WaitLeader(10 * time.Second).APIAddr()
+	cl := connect(t, c)
+	follower := ""
+	for _, a := range c.APIAddrs() {
+		if a != leader {
+			follower = a
+		}
+	}
+	// A follower forwards the write and names the leader in its answer;
+	// the client's next calls go to the leader.
+	cl.BelieveLeader(follower)
+	require.Eventually(t, func() bool {
+		return cl.WriteFile("/f", []byte("x"), 0o644) == nil && cl.Leader() == leader
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
 func TestFileAPI(t *testing.T) {
 	cl := connect(t, server.StartCluster(t, 3))
 

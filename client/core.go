@@ -323,7 +323,7 @@ func (k *core) readStream(ctx context.Context, q *pb.ReadQuery, p []byte) (int, 
 		for {
 			f, err := st.Recv()
 			if errors.Is(err, io.EOF) {
-				return nil, nil
+				return st.Trailer(), nil
 			}
 			if err != nil {
 				return st.Trailer(), err

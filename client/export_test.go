@@ -22,3 +22,10 @@ func (cp *Caps) StreamBeganAt(first uint64) {
 // Observe hands the capability table one change event as if its stream
 // had delivered it.
 func (cp *Caps) Observe(ev *pb.WatchEvent) { cp.observe(ev) }
+
+// Leader is the node address the client sends its next call to.
+func (c *Client) Leader() string { return c.k.t.pick() }
+
+// BelieveLeader makes the client take addr for the leader, as after a
+// call that addr answered.
+func (c *Client) BelieveLeader(addr string) { c.k.t.served(addr, nil) }

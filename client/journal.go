@@ -216,6 +216,26 @@ func (j *Journal) Sync(ctx context.Context) error {
 	}
 }
 
+// SyncMoving is Sync with a limit for a journal that stops moving, not
+// for a long one: it gives up when no operation was committed or lost for
+// stall, however long the whole takes (tens of thousands of operations
+// may take longer than one operation's time limit, batch after batch).
+func (j *Journal) SyncMoving(ctx context.Context, stall time.Duration) error {
+	for {
+		_, committed, lost := j.Stats()
+		sctx, cancel := context.WithTimeout(ctx, stall)
+		err := j.Sync(sctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		_, nowCommitted, nowLost := j.Stats()
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || nowCommitted+nowLost == committed+lost {
+			return err
+		}
+	}
+}
+
 // TakeErr returns and forgets the first commit failure of an operation
 // that named ino.
 func (j *Journal) TakeErr(ino uint64) error {

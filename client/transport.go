@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -170,11 +171,27 @@ func (t *transport) api(addr string, renewal bool) (pb.MemFSClient, error) {
 }
 
 // served records that addr answered a request that only a leader (or a
-// node that forwards to it) answers.
-func (t *transport) served(addr string) {
+// node that forwards to it) answers. A node that forwarded names the
+// leader (hint): later calls go to the leader directly once the client's
+// connection to it is up, one hop instead of two. Until then, and for as
+// long as the leader cannot be reached from here, they go to addr.
+func (t *transport) served(addr string, hint []string) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.leader = addr
-	t.mu.Unlock()
+	if len(hint) == 0 || hint[0] == addr {
+		return
+	}
+	cc, err := t.connLocked(hint[0])
+	if err != nil {
+		return
+	}
+	switch cc.GetState() {
+	case connectivity.Ready:
+		t.leader = hint[0]
+	case connectivity.Idle:
+		cc.Connect()
+	}
 }
 
 // failed records that addr could not serve a request; hint is the leader
@@ -261,7 +278,7 @@ func (t *transport) call(ctx context.Context, o callOpts, fn attemptFunc) (int, 
 		md, err := t.attempt(ctx, addr, o, fn)
 		if err == nil {
 			if o.leader {
-				t.served(addr)
+				t.served(addr, md.Get(pb.LeaderTrailer))
 			}
 			return n, nil
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/memoryfs/memfs/proto"
@@ -162,6 +164,27 @@ func TestFollowsLeaderHint(t *testing.T) {
 	fc.setLeader(1)
 	require.NoError(t, c.Mkdir("/b", 0o755))
 	require.Equal(t, fc.addrs()[1], c.k.t.pick())
+}
+
+func TestForwarderStaysWhileNamedLeaderIsUnreachable(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	c := fc.newClient(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gone := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	// A node that forwarded names a leader the client cannot connect to:
+	// the client keeps sending to the node that answered, before its
+	// attempt to connect and after the attempt failed.
+	c.k.t.served(fc.addrs()[0], []string{gone})
+	require.Equal(t, fc.addrs()[0], c.k.t.pick())
+	c.k.t.mu.Lock()
+	cc := c.k.t.conns[gone]
+	c.k.t.mu.Unlock()
+	require.Eventually(t, func() bool { return cc.GetState() == connectivity.TransientFailure },
+		10*time.Second, 10*time.Millisecond)
+	c.k.t.served(fc.addrs()[0], []string{gone})
+	require.Equal(t, fc.addrs()[0], c.k.t.pick())
 }
 
 func TestRetriesUntilLeaderElected(t *testing.T) {

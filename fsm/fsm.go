@@ -209,7 +209,7 @@ func (f *FSM) Stats() Stats {
 		Inodes:       s.ninodes,
 		LogicalBytes: s.logical,
 		Block:        s.blocks.Stats(),
-		Sessions:     uint64(s.sessions.t.Len()),
+		Sessions:     uint64(s.sessions.len()),
 		Caps:         s.ncaps,
 		ChunkSize:    int(s.chunkSize),
 	}

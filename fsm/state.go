@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"slices"
 
-	iradix "github.com/hashicorp/go-immutable-radix/v2"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memoryfs/memfs/fsm/block"
@@ -211,56 +210,6 @@ const (
 	oDirectory = 0x10000
 	oNofollow  = 0x20000
 )
-
-// tab is one persistent tree, read through the transaction when one is
-// open. The published state holds tabs without transactions.
-type tab[T any] struct {
-	t *iradix.Tree[T]
-	x *iradix.Txn[T]
-}
-
-func newTab[T any]() tab[T] { return tab[T]{t: iradix.New[T]()} }
-
-func (b *tab[T]) get(k []byte) (T, bool) {
-	if b.x != nil {
-		return b.x.Get(k)
-	}
-	return b.t.Get(k)
-}
-
-func (b *tab[T]) txn() *iradix.Txn[T] {
-	if b.x == nil {
-		b.x = b.t.Txn()
-	}
-	return b.x
-}
-
-func (b *tab[T]) put(k []byte, v T) { b.txn().Insert(k, v) }
-func (b *tab[T]) del(k []byte)      { b.txn().Delete(k) }
-func (b *tab[T]) delPrefix(k []byte) {
-	b.txn().DeletePrefix(k)
-}
-
-func (b *tab[T]) len() int {
-	if b.x != nil {
-		return b.x.CommitOnly().Len() // a snapshot of the transaction; it stays open
-	}
-	return b.t.Len()
-}
-
-func (b *tab[T]) root() *iradix.Node[T] {
-	if b.x != nil {
-		return b.x.Root()
-	}
-	return b.t.Root()
-}
-
-func (b *tab[T]) commit() {
-	if b.x != nil {
-		b.t = b.x.CommitOnly()
-		b.x = nil
-	}
-}
 
 // state is the whole replicated state. A published state (FSM.cur) is
 // never modified; Apply works on a copy whose tabs hold transactions.

@@ -54,7 +54,7 @@ type linkCount struct {
 }
 
 func verifyInodes(s *state) (map[uint64]*linkCount, error) {
-	links := make(map[uint64]*linkCount, s.inodes.t.Len())
+	links := make(map[uint64]*linkCount, s.inodes.len())
 	var err error
 	s.inodes.root().Walk(func(_ []byte, n *inode) bool {
 		err = checkInode(s, n)

@@ -182,14 +182,15 @@ func Mount(ctx context.Context, c *client.Client, dir string, opt Options) (*Mou
 	ops := fsops.New(c, fsops.Options{OpTimeout: opt.OpTimeout, WritebackCache: opt.WritebackCache, DataCache: opt.DataCache,
 		Relatime: opt.Atime == AtimeRelative, Buffered: !opt.Sync, Journal: opt.Journal,
 		KernelChecksData: opt.Binding != BindingBazil})
-	var served fsops.Ops = ops
+	var observe fsops.Observer
 	if opt.Metrics != nil {
 		mm := mountmetrics.New(ops.Stats)
 		if err := opt.Metrics.Register(mm); err != nil {
 			return nil, fmt.Errorf("mount metrics: %w", err)
 		}
-		served = mm.Wrap(ops)
+		observe = mm.Observe
 	}
+	served := fsops.Wrap(ops, observe)
 	srv, err := mountBinding(real, ops, served, opt)
 	if err != nil {
 		return nil, err

@@ -10,7 +10,8 @@ const Version = 1
 const MaxMessageData = 1 << 20
 
 // LeaderTrailer is the gRPC trailer key in which a follower names the
-// leader's API address when it cannot serve a request itself.
+// leader's API address when it cannot serve a request itself, and in the
+// answer to a request it forwarded to the leader.
 const LeaderTrailer = "memfs-leader"
 
 // MaxSyncHashes is the most block hashes one MissingBlocks or FetchBlocks

@@ -211,8 +211,8 @@ type RaftTuning struct {
 	TrailingLogs      uint64
 	SnapshotInterval  time.Duration
 	// MaxLogBytes bounds the log in bytes: past it the node takes a
-	// snapshot and keeps behind it only the newest entries that fit in a
-	// quarter of it (server/logbytes.go).
+	// snapshot and keeps behind it only the newest entries that fit in
+	// half of it (server/logbytes.go).
 	MaxLogBytes uint64
 	// SnapshotRetain is how many snapshot files stay on disk.
 	SnapshotRetain int

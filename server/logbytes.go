@@ -110,7 +110,7 @@ func (h *heldLog) tailFitting(limit uint64) uint64 {
 }
 
 // Log byte bound figures. A snapshot truncates the log to the newest
-// entries that fit in a quarter of the bound, so a follower a few
+// entries that fit in half the bound, so a follower some way
 // entries behind still catches up from the log. minTrailing keeps a
 // handful whatever their size; logBoundPause keeps a log that stays over
 // the bound (entries not yet applied cannot be snapshotted) from
@@ -122,7 +122,7 @@ const (
 
 // boundLogLoop takes a snapshot whenever the log holds more than
 // RaftTuning.MaxLogBytes, with TrailingLogs lowered so that the entries
-// kept behind it fit in a quarter of that. Raft's own threshold (entries)
+// kept behind it fit in half of that. Raft's own threshold (entries)
 // and interval go on as before.
 func (n *Node) boundLogLoop() {
 	for {
@@ -145,7 +145,7 @@ func (n *Node) snapshotForBytes(ctx context.Context) {
 	if held <= n.held.limit || ctx.Err() != nil {
 		return
 	}
-	keep := min(max(n.held.tailFitting(n.held.limit/4), minTrailing), n.cfg.Raft.TrailingLogs)
+	keep := min(max(n.held.tailFitting(n.held.limit/2), minTrailing), n.cfg.Raft.TrailingLogs)
 	rc := n.raft.ReloadableConfig()
 	if rc.TrailingLogs != keep {
 		rc.TrailingLogs = keep

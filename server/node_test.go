@@ -1,7 +1,10 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"syscall"
 	"testing"
@@ -237,6 +240,78 @@ func TestFollowerNamesLeaderWhenItCannotForward(t *testing.T) {
 		Command: &pb.Command{Op: &pb.Command_Tick{Tick: &pb.TickCmd{}}}}, grpcTrailer(&tr))
 	requireCode(t, err, "Unavailable")
 	require.Equal(t, []string{leader.APIAddr()}, tr.Get(pb.LeaderTrailer))
+}
+
+func TestForwardedAnswerNamesLeader(t *testing.T) {
+	c := StartCluster(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	cli := c.Client(follower(c, leader, 0).APIAddr())
+	s := openSession(t, cli)
+	s.create("/f")
+	stat := &pb.Query{Q: &pb.Query_Stat{Stat: &pb.StatQuery{Loc: &pb.Loc{Path: "/f"}}}}
+	read := &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{Loc: &pb.Loc{Path: "/f"}, Length: 10}}}
+	// Each call a follower forwards and the leader answers names the
+	// leader in its trailer, so a client moves its next calls there.
+	cases := []struct {
+		name string
+		call func(ctx context.Context) (metadata.MD, error)
+	}{
+		{"Apply", func(ctx context.Context) (metadata.MD, error) {
+			s.seq++
+			cmd := writeCmd("/f", 0, []byte("apply"))
+			cmd.Session, cmd.Seq = s.id, s.seq
+			var tr metadata.MD
+			_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: cmd}, grpcTrailer(&tr))
+			return tr, err
+		}},
+		{"Query", func(ctx context.Context) (metadata.MD, error) {
+			var tr metadata.MD
+			_, err := cli.Query(ctx, &pb.QueryRequest{Version: pb.Version, Query: stat}, grpcTrailer(&tr))
+			return tr, err
+		}},
+		{"Write", func(ctx context.Context) (metadata.MD, error) {
+			s.seq++
+			cmd := writeCmd("/f", 0, nil)
+			cmd.Session, cmd.Seq = s.id, s.seq
+			cmd.GetWrite().Length = 6
+			st, err := cli.Write(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if err := st.Send(&pb.WriteFrame{Version: pb.Version, Command: cmd, Data: []byte("stream")}); err != nil {
+				return nil, err
+			}
+			_, err = st.CloseAndRecv()
+			return st.Trailer(), err
+		}},
+		{"Read", func(ctx context.Context) (metadata.MD, error) {
+			st, err := cli.Read(ctx, &pb.QueryRequest{Version: pb.Version, Query: read})
+			if err != nil {
+				return nil, err
+			}
+			for {
+				if _, err := st.Recv(); err != nil {
+					if errors.Is(err, io.EOF) {
+						err = nil
+					}
+					return st.Trailer(), err
+				}
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := tc.call(ctxTimeout(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, []string{leader.APIAddr()}, tr.Get(pb.LeaderTrailer))
+		})
+	}
+	// The leader answers its own calls without naming anyone.
+	var tr metadata.MD
+	_, err := c.Client(leader.APIAddr()).Query(ctxTimeout(t, 10*time.Second),
+		&pb.QueryRequest{Version: pb.Version, Query: stat}, grpcTrailer(&tr))
+	require.NoError(t, err)
+	require.Empty(t, tr.Get(pb.LeaderTrailer))
 }
 
 func TestHandleQueryWaitsForExclusiveOpen(t *testing.T) {

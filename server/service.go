@@ -5,10 +5,7 @@ import (
 	"errors"
 	"io"
 	"runtime/debug"
-	"syscall"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -32,26 +29,6 @@ func (s *service) Apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyRes
 		return nil, err
 	}
 	return s.n.apply(ctx, req)
-}
-
-// apply commits a checked command: on the leader through submit, which
-// waits through recalls; on a follower by forwarding it to the leader.
-func (n *Node) apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyResponse, error) {
-	if !n.IsLeader() {
-		cli, err := n.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		n.metrics.forwarded.WithLabelValues("Apply").Inc()
-		var tr metadata.MD
-		resp, err := cli.Apply(forwardContext(ctx), req, grpc.Trailer(&tr))
-		return resp, n.forwardErr(ctx, err, tr)
-	}
-	res, idx, err := n.submit(ctx, req.Command)
-	if err != nil {
-		return nil, n.localErr(ctx, err)
-	}
-	return &pb.ApplyResponse{Result: res, Index: idx}, nil
 }
 
 func checkCommand(c *pb.Command) error {
@@ -98,14 +75,7 @@ func (s *service) Query(ctx context.Context, req *pb.QueryRequest) (*pb.QueryRes
 		return nil, err
 	}
 	if !local {
-		cli, err := n.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		n.metrics.forwarded.WithLabelValues("Query").Inc()
-		var tr metadata.MD
-		resp, err := cli.Query(forwardContext(ctx), req, grpc.Trailer(&tr))
-		return resp, n.forwardErr(ctx, err, tr)
+		return forwardUnary(ctx, n, "Query", req, pb.MemFSClient.Query)
 	}
 	if err := n.touchBuffered(ctx, req); err != nil {
 		return nil, err
@@ -128,140 +98,6 @@ func clampRead(req *pb.QueryRequest, limit int64) *pb.QueryRequest {
 	c := proto.Clone(req).(*pb.QueryRequest)
 	c.Query.GetRead().Length = limit
 	return c
-}
-
-// servesLocally decides where a query runs: STALE here, LINEARIZABLE here
-// only on the leader (after confirming it still leads), else on the
-// leader.
-func (n *Node) servesLocally(ctx context.Context, c pb.Consistency) (bool, error) {
-	switch c {
-	case pb.Consistency_STALE:
-		return true, nil
-	case pb.Consistency_LINEARIZABLE:
-	default:
-		return false, badRequest("unknown consistency level %d", c)
-	}
-	if !n.IsLeader() {
-		return false, nil
-	}
-	if err := n.readBarrier(ctx); err != nil {
-		return false, n.localErr(ctx, err)
-	}
-	return true, nil
-}
-
-// readBarrier returns once this node may answer a linearizable read: it
-// has confirmed its leadership with a quorum after the read arrived, and
-// applied everything committed before that.
-func (n *Node) readBarrier(ctx context.Context) error {
-	term := n.raft.CurrentTerm()
-	rctx, cancel := context.WithTimeout(ctx, 2*n.cfg.Raft.ElectionTimeout)
-	readyIdx, err := n.ready.wait(rctx, term)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return raft.ErrLeadershipLost
-	}
-	idx := max(n.raft.CommitIndex(), readyIdx)
-	if err := n.confirmLeadership(ctx, term); err != nil {
-		return err
-	}
-	if n.raft.CurrentTerm() != term {
-		return raft.ErrLeadershipLost
-	}
-	return n.rfsm.waitApplied(ctx, idx)
-}
-
-// touchBuffered waits, before a linearizable read is answered here, until
-// no other session holds an exclusive capability on what the read covers
-// (fsm.BufferedBy): such a holder may have acknowledged changes it has not
-// sent. It applies a TouchCmd naming those inodes, which the state
-// machine refuses for a recall until the holder has released them (after
-// sending what it buffered) or lost them, and then waits until this node
-// has applied it. Inodes the read reaches only through what the holder
-// sent are looked at again; one already touched is not waited for twice,
-// since a holder that took it back after the touch has acknowledged
-// nothing the read must see.
-func (n *Node) touchBuffered(ctx context.Context, req *pb.QueryRequest) error {
-	if req.Consistency != pb.Consistency_LINEARIZABLE {
-		return nil
-	}
-	var touched map[uint64]bool
-	for {
-		var inos []uint64
-		for _, ino := range n.fsm.BufferedBy(req.Query, req.Session) {
-			if !touched[ino] {
-				inos = append(inos, ino)
-			}
-		}
-		if len(inos) == 0 {
-			return nil
-		}
-		resp, err := n.touch(ctx, req.Session, inos)
-		if err != nil {
-			return err
-		}
-		if err := n.rfsm.waitApplied(ctx, resp.Index); err != nil {
-			return n.localErr(ctx, err)
-		}
-		if touched == nil {
-			touched = make(map[uint64]bool)
-		}
-		for _, ino := range inos {
-			touched[ino] = true
-		}
-	}
-}
-
-// touch applies a TouchCmd of session for inos. A session the state
-// machine does not know (a client whose session expired, or one that
-// named none) must not fail the read: the touch is then made without one.
-func (n *Node) touch(ctx context.Context, session uint64, inos []uint64) (*pb.ApplyResponse, error) {
-	cmd := func(s uint64) *pb.ApplyRequest {
-		return &pb.ApplyRequest{Version: pb.Version, Command: &pb.Command{
-			Session: s, Op: &pb.Command_Touch{Touch: &pb.TouchCmd{Inos: inos}}}}
-	}
-	resp, err := n.apply(ctx, cmd(session))
-	if err == nil && session != 0 && resp.GetResult().GetErrno() == uint32(syscall.ESTALE) {
-		resp, err = n.apply(ctx, cmd(0))
-	}
-	if err != nil {
-		return nil, err
-	}
-	if e := resp.GetResult().GetErrno(); e != 0 {
-		return nil, status.Errorf(codes.Internal, "touch of %d inodes before a read: %s (errno %d)", len(inos), resp.Result.Message, e)
-	}
-	return resp, nil
-}
-
-// queryLocal answers from this node's state. A HandleQuery with wait
-// long-polls until the handle is no longer queued, a LockQuery with wait
-// until its waiter no longer waits.
-func (n *Node) queryLocal(ctx context.Context, req *pb.QueryRequest) (*pb.Result, error) {
-	start := time.Now()
-	defer func() {
-		n.metrics.queryLatency.WithLabelValues(req.Consistency.String()).Observe(time.Since(start).Seconds())
-	}()
-	wait := req.Query.GetHandle().GetWait() || req.Query.GetLock().GetWait() || req.Query.GetRegion().GetWait()
-	for {
-		changed := n.fsm.Changed()
-		res := n.fsm.Query(req.Query)
-		if res == nil {
-			return nil, status.Error(codes.Internal, "state machine returned no result")
-		}
-		if !wait || !res.GetQueued() {
-			return res, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return res, nil
-		case <-n.ctx.Done():
-			return res, nil
-		}
-	}
 }
 
 func (s *service) Read(req *pb.QueryRequest, stream grpc.ServerStreamingServer[pb.ReadFrame]) error {
@@ -291,53 +127,6 @@ func (s *service) Read(req *pb.QueryRequest, stream grpc.ServerStreamingServer[p
 		return err
 	}
 	return sendRead(res, stream)
-}
-
-// sendRead streams res: the first frame carries the result (without data)
-// and the first piece of data, later frames only data.
-func sendRead(res *pb.Result, stream grpc.ServerStreamingServer[pb.ReadFrame]) error {
-	data := res.Data
-	res.Data = nil
-	first := true
-	for first || len(data) > 0 {
-		piece := data[:min(len(data), pb.MaxMessageData)]
-		data = data[len(piece):]
-		f := &pb.ReadFrame{Data: piece}
-		if first {
-			f.Result = res
-			first = false
-		}
-		if err := stream.Send(f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (n *Node) forwardRead(ctx context.Context, req *pb.QueryRequest, stream grpc.ServerStreamingServer[pb.ReadFrame]) error {
-	cli, err := n.leaderClient(ctx)
-	if err != nil {
-		return err
-	}
-	n.metrics.forwarded.WithLabelValues("Read").Inc()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	up, err := cli.Read(forwardContext(ctx), req)
-	if err != nil {
-		return n.forwardErr(ctx, err, nil)
-	}
-	for {
-		f, err := up.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return n.forwardErr(stream.Context(), err, up.Trailer())
-		}
-		if err := stream.Send(f); err != nil {
-			return err
-		}
-	}
 }
 
 func (s *service) Write(stream grpc.ClientStreamingServer[pb.WriteFrame, pb.ApplyResponse]) error {
@@ -405,47 +194,6 @@ func checkLaterFrame(f *pb.WriteFrame, have int) error {
 	return nil
 }
 
-// forwardWrite relays a Write stream to the leader frame by frame. If the
-// client's stream breaks, the upstream is cancelled before it is closed, so
-// the leader applies nothing.
-func (n *Node) forwardWrite(ctx context.Context, first *pb.WriteFrame,
-	stream grpc.ClientStreamingServer[pb.WriteFrame, pb.ApplyResponse]) error {
-	cli, err := n.leaderClient(ctx)
-	if err != nil {
-		return err
-	}
-	n.metrics.forwarded.WithLabelValues("Write").Inc()
-	uctx, cancel := context.WithCancel(forwardContext(ctx))
-	defer cancel()
-	up, err := cli.Write(uctx)
-	if err != nil {
-		return n.forwardErr(ctx, err, nil)
-	}
-	have := len(first.GetCommand().GetWrite().GetData()) + len(first.Data)
-	f := first
-	for {
-		if err := up.Send(f); err != nil {
-			break // the leader ended the stream; its answer comes from CloseAndRecv
-		}
-		f, err = stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err // cancel (deferred) tells the leader to drop the write
-		}
-		if err := checkLaterFrame(f, have); err != nil {
-			return err
-		}
-		have += len(f.Data)
-	}
-	resp, err := up.CloseAndRecv()
-	if err != nil {
-		return n.forwardErr(ctx, err, up.Trailer())
-	}
-	return stream.SendAndClose(resp)
-}
-
 func (s *service) Status(ctx context.Context, req *pb.StatusRequest) (*pb.StatusResponse, error) {
 	if err := checkVersion(req.GetVersion()); err != nil {
 		return nil, err
@@ -469,13 +217,7 @@ func (s *service) Join(ctx context.Context, req *pb.JoinRequest) (*pb.JoinRespon
 	}
 	n := s.n
 	if !n.IsLeader() {
-		cli, err := n.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var tr metadata.MD
-		resp, err := cli.Join(forwardContext(ctx), req, grpc.Trailer(&tr))
-		return resp, n.forwardErr(ctx, err, tr)
+		return forwardUnary(ctx, n, "Join", req, pb.MemFSClient.Join)
 	}
 	if err := n.addMember(ctx, req); err != nil {
 		return nil, n.localErr(ctx, err)
@@ -489,13 +231,7 @@ func (s *service) RemoveNode(ctx context.Context, req *pb.RemoveNodeRequest) (*p
 	}
 	n := s.n
 	if !n.IsLeader() {
-		cli, err := n.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var tr metadata.MD
-		resp, err := cli.RemoveNode(forwardContext(ctx), req, grpc.Trailer(&tr))
-		return resp, n.forwardErr(ctx, err, tr)
+		return forwardUnary(ctx, n, "RemoveNode", req, pb.MemFSClient.RemoveNode)
 	}
 	if err := n.removeMember(ctx, req.GetId()); err != nil {
 		return nil, n.localErr(ctx, err)
@@ -538,55 +274,6 @@ func (s *service) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[
 			return status.Error(codes.Unavailable, "node is stopping")
 		}
 	}
-}
-
-// leaderClient returns a connection to the leader for forwarding, or the
-// UNAVAILABLE answer (with a leader hint when known) to give instead.
-func (n *Node) leaderClient(ctx context.Context) (pb.MemFSClient, error) {
-	id, api := n.Leader()
-	switch {
-	case isForwarded(ctx):
-		return nil, withLeaderHint(ctx, unavailableErr("node %s is not the leader (leader: %q)", n.cfg.ID, id), api)
-	case id == "":
-		return nil, unavailableErr("no leader known to node %s (election in progress?)", n.cfg.ID)
-	case api == "":
-		return nil, unavailableErr("leader %s has no known api address yet", id)
-	}
-	cli, err := n.peers.client(api)
-	if err != nil {
-		return nil, withLeaderHint(ctx, unavailableErr("connect to leader %s at %s: %v", id, api, err), api)
-	}
-	return cli, nil
-}
-
-// forwardErr passes the leader's answer through. An UNAVAILABLE answer
-// keeps the leader's hint, or gets ours.
-func (n *Node) forwardErr(ctx context.Context, err error, tr metadata.MD) error {
-	if err == nil {
-		return nil
-	}
-	if status.Code(err) != codes.Unavailable {
-		return err
-	}
-	if hint := tr.Get(pb.LeaderTrailer); len(hint) > 0 {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(pb.LeaderTrailer, hint[0]))
-		return err
-	}
-	_, api := n.Leader()
-	return withLeaderHint(ctx, err, api)
-}
-
-// localErr maps an error of this node's own Raft work to a status, with a
-// leader hint on UNAVAILABLE.
-func (n *Node) localErr(ctx context.Context, err error) error {
-	st := toStatus(err)
-	if status.Code(st) == codes.Unavailable {
-		_, api := n.Leader()
-		if api != n.apiAddr {
-			return withLeaderHint(ctx, st, api)
-		}
-	}
-	return st
 }
 
 // recoverUnary turns a panic in a handler into INTERNAL, logged, instead of

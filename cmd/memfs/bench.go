@@ -55,7 +55,7 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-var bench = struct {
+type benchOptions struct {
 	json        bool
 	total, size byteSize
 	concurrency int
@@ -64,35 +64,35 @@ var bench = struct {
 	fileSize    byteSize
 	phases      string
 	keep        bool
-}{total: 256 << 20, size: 1 << 20, concurrency: 16, creates: 10000, clients: 32, fileSize: 4 << 10,
-	phases: "write,read,create"}
+}
 
-var benchCmd = &cobra.Command{
-	Use:   "bench",
-	Short: "Measure write and read throughput and file creates against a cluster",
-	Long: `Measure the cluster: sequential write, then read, of --total bytes in
+func newBenchCmd() *cobra.Command {
+	o := &benchOptions{total: 256 << 20, size: 1 << 20, concurrency: 16, creates: 10000, clients: 32, fileSize: 4 << 10,
+		phases: "write,read,create"}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure write and read throughput and file creates against a cluster",
+		Long: `Measure the cluster: sequential write, then read, of --total bytes in
 operations of --size (default 1 MiB) with --concurrency operations in flight
 on one file; then --creates files of --file-size (default 4 KiB) written by
 --clients concurrent clients, each with its own session. Reports throughput
 (MB = 10^6 bytes) and p50/p99 latency of the operations of each phase.
 Everything it creates is under /.bench-* and is removed at the end.
 --timeout bounds each operation.`,
-	Args: cobra.NoArgs,
-	RunE: runBench,
-}
-
-func init() {
-	f := benchCmd.Flags()
-	f.BoolVar(&bench.json, "json", false, "print one JSON object")
-	f.Var(&bench.total, "total", "bytes to write and read in the throughput phases")
-	f.Var(&bench.size, "size", "bytes per write or read operation")
-	f.IntVar(&bench.concurrency, "concurrency", bench.concurrency, "operations in flight in the throughput phases")
-	f.IntVar(&bench.creates, "creates", bench.creates, "files to create in the create phase")
-	f.IntVar(&bench.clients, "clients", bench.clients, "concurrent clients (sessions) in the create phase")
-	f.Var(&bench.fileSize, "file-size", "size of each created file")
-	f.StringVar(&bench.phases, "phases", bench.phases, "phases to run: write, read (needs write), create")
-	f.BoolVar(&bench.keep, "keep", false, "keep the files the benchmark made")
-	rootCmd.AddCommand(benchCmd)
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runBench(cmd, args, o) },
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.json, "json", false, "print one JSON object")
+	f.Var(&o.total, "total", "bytes to write and read in the throughput phases")
+	f.Var(&o.size, "size", "bytes per write or read operation")
+	f.IntVar(&o.concurrency, "concurrency", o.concurrency, "operations in flight in the throughput phases")
+	f.IntVar(&o.creates, "creates", o.creates, "files to create in the create phase")
+	f.IntVar(&o.clients, "clients", o.clients, "concurrent clients (sessions) in the create phase")
+	f.Var(&o.fileSize, "file-size", "size of each created file")
+	f.StringVar(&o.phases, "phases", o.phases, "phases to run: write, read (needs write), create")
+	f.BoolVar(&o.keep, "keep", false, "keep the files the benchmark made")
+	return cmd
 }
 
 // phaseResult is one phase of the report; the JSON names are stable.
@@ -115,17 +115,17 @@ type benchReport struct {
 	Phases  []phaseResult `json:"phases"`
 }
 
-func runBench(cmd *cobra.Command, _ []string) error {
-	if err := checkBenchFlags(); err != nil {
+func runBench(cmd *cobra.Command, _ []string, o *benchOptions) error {
+	if err := o.checkBenchFlags(); err != nil {
 		return usageError{err}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := measure(ctx, cmd)
+	rep, err := o.measure(ctx, cmd)
 	if err != nil {
 		return err
 	}
-	if bench.json {
+	if o.json {
 		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
@@ -135,8 +135,8 @@ func runBench(cmd *cobra.Command, _ []string) error {
 
 // measure runs the phases the bench settings name in a new directory,
 // which it removes unless --keep (memfs bench and memfs check perf).
-func measure(ctx context.Context, cmd *cobra.Command) (benchReport, error) {
-	setup, cancel := context.WithTimeout(ctx, timeoutFlag)
+func (o *benchOptions) measure(ctx context.Context, cmd *cobra.Command) (benchReport, error) {
+	setup, cancel := context.WithTimeout(ctx, global.timeout)
 	cmd.SetContext(setup)
 	c, err := newClient(cmd)
 	cancel()
@@ -154,8 +154,8 @@ func measure(ctx context.Context, cmd *cobra.Command) (benchReport, error) {
 		return benchReport{}, err
 	}
 	rep := benchReport{Cluster: clusterAddrs(), Leader: st.Leader}
-	err = runPhases(ctx, cmd, c, dir, &rep)
-	if !bench.keep {
+	err = o.runPhases(ctx, cmd, c, dir, &rep)
+	if !o.keep {
 		if cerr := cleanup(ctx, c, dir); err == nil {
 			err = cerr
 		}
@@ -163,26 +163,26 @@ func measure(ctx context.Context, cmd *cobra.Command) (benchReport, error) {
 	return rep, err
 }
 
-func checkBenchFlags() error {
+func (o *benchOptions) checkBenchFlags() error {
 	switch {
-	case bench.size <= 0 || bench.total < bench.size:
+	case o.size <= 0 || o.total < o.size:
 		return errors.New("--size must be positive and at most --total")
-	case bench.concurrency < 1 || bench.clients < 1 || bench.creates < 0:
+	case o.concurrency < 1 || o.clients < 1 || o.creates < 0:
 		return errors.New("--concurrency and --clients must be at least 1")
 	}
-	for _, p := range strings.Split(bench.phases, ",") {
+	for _, p := range strings.Split(o.phases, ",") {
 		if !slices.Contains([]string{"write", "read", "create"}, strings.TrimSpace(p)) {
 			return fmt.Errorf("unknown phase %q", p)
 		}
 	}
-	if phase("read") && !phase("write") {
+	if o.phase("read") && !o.phase("write") {
 		return errors.New("the read phase reads what the write phase wrote")
 	}
 	return nil
 }
 
-func phase(name string) bool {
-	for _, p := range strings.Split(bench.phases, ",") {
+func (o *benchOptions) phase(name string) bool {
+	for _, p := range strings.Split(o.phases, ",") {
 		if strings.TrimSpace(p) == name {
 			return true
 		}
@@ -190,19 +190,19 @@ func phase(name string) bool {
 	return false
 }
 
-func runPhases(ctx context.Context, cmd *cobra.Command, c *client.Client, dir string, rep *benchReport) error {
-	if phase("write") {
-		w, r, err := throughput(ctx, c, dir+"/seq")
+func (o *benchOptions) runPhases(ctx context.Context, cmd *cobra.Command, c *client.Client, dir string, rep *benchReport) error {
+	if o.phase("write") {
+		w, r, err := o.throughput(ctx, c, dir+"/seq")
 		if err != nil {
 			return err
 		}
 		rep.Phases = append(rep.Phases, w)
-		if phase("read") {
+		if o.phase("read") {
 			rep.Phases = append(rep.Phases, r)
 		}
 	}
-	if phase("create") && bench.creates > 0 {
-		res, err := creates(ctx, cmd, dir)
+	if o.phase("create") && o.creates > 0 {
+		res, err := o.createPhase(ctx, cmd, dir)
 		if err != nil {
 			return err
 		}
@@ -213,9 +213,9 @@ func runPhases(ctx context.Context, cmd *cobra.Command, c *client.Client, dir st
 
 // throughput writes --total bytes to name in --size operations, then reads
 // them back, with --concurrency operations in flight.
-func throughput(ctx context.Context, c *client.Client, name string) (phaseResult, phaseResult, error) {
-	size := int(bench.size)
-	ops := int(int64(bench.total) / int64(bench.size))
+func (o *benchOptions) throughput(ctx context.Context, c *client.Client, name string) (phaseResult, phaseResult, error) {
+	size := int(o.size)
+	ops := int(int64(o.total) / int64(o.size))
 	f, err := c.Create(name)
 	if err != nil {
 		return phaseResult{}, phaseResult{}, err
@@ -228,18 +228,18 @@ func throughput(ctx context.Context, c *client.Client, name string) (phaseResult
 	_, _ = rng.Read(src)
 	window := func(i int) []byte { o := (i * 4099) % size; return src[o : o+size] }
 
-	w, err := runOps(ctx, "write", ops, bench.concurrency, int64(size), func(ctx context.Context, i, _ int) error {
+	w, err := runOps(ctx, "write", ops, o.concurrency, int64(size), func(ctx context.Context, i, _ int) error {
 		_, err := f.WriteAt(window(i), int64(i)*int64(size))
 		return err
 	})
-	if err != nil || !phase("read") {
+	if err != nil || !o.phase("read") {
 		return w, phaseResult{}, err
 	}
-	bufs := make([][]byte, bench.concurrency)
+	bufs := make([][]byte, o.concurrency)
 	for i := range bufs {
 		bufs[i] = make([]byte, size)
 	}
-	r, err := runOps(ctx, "read", ops, bench.concurrency, int64(size), func(ctx context.Context, i, worker int) error {
+	r, err := runOps(ctx, "read", ops, o.concurrency, int64(size), func(ctx context.Context, i, worker int) error {
 		n, err := f.ReadAt(bufs[worker], int64(i)*int64(size))
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
@@ -254,8 +254,8 @@ func throughput(ctx context.Context, c *client.Client, name string) (phaseResult
 
 // creates writes --creates files of --file-size with --clients clients,
 // each with its own session and directory.
-func creates(ctx context.Context, cmd *cobra.Command, dir string) (phaseResult, error) {
-	clients := make([]*client.Client, bench.clients)
+func (o *benchOptions) createPhase(ctx context.Context, cmd *cobra.Command, dir string) (phaseResult, error) {
+	clients := make([]*client.Client, o.clients)
 	defer func() {
 		for _, c := range clients {
 			if c != nil {
@@ -267,7 +267,7 @@ func creates(ctx context.Context, cmd *cobra.Command, dir string) (phaseResult, 
 	errs := make([]error, len(clients))
 	for i := range clients {
 		wg.Go(func() {
-			sctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+			sctx, cancel := context.WithTimeout(ctx, global.timeout)
 			defer cancel()
 			sub := *cmd
 			sub.SetContext(sctx)
@@ -283,11 +283,11 @@ func creates(ctx context.Context, cmd *cobra.Command, dir string) (phaseResult, 
 	if err := errors.Join(errs...); err != nil {
 		return phaseResult{}, err
 	}
-	body := make([]byte, bench.fileSize)
+	body := make([]byte, o.fileSize)
 	for i := range body {
 		body[i] = byte(i)
 	}
-	return runOps(ctx, "create", bench.creates, bench.clients, int64(bench.fileSize), func(_ context.Context, i, worker int) error {
+	return runOps(ctx, "create", o.creates, o.clients, int64(o.fileSize), func(_ context.Context, i, worker int) error {
 		// Each file differs in its first bytes, like real small files.
 		data := slices.Clone(body)
 		copy(data, strconv.Itoa(i))

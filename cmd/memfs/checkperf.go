@@ -9,9 +9,13 @@ import (
 	"github.com/spf13/cobra"
 )
 
-var checkCmd = &cobra.Command{
-	Use:   "check",
-	Short: "Check the cluster (perf)",
+func newCheckCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Check the cluster (perf)",
+	}
+	cmd.AddCommand(newCheckPerfCmd())
+	return cmd
 }
 
 // checkLoads are the loads of memfs check perf: bytes written in 1 MiB
@@ -25,7 +29,7 @@ var checkLoads = map[string]struct {
 	"l": {1 << 30, 10000},
 }
 
-var checkPerf struct {
+type checkPerfOptions struct {
 	load          string
 	minWriteMBps  float64
 	maxWriteP99   time.Duration
@@ -33,10 +37,12 @@ var checkPerf struct {
 	maxCreateP99  time.Duration
 }
 
-var checkPerfCmd = &cobra.Command{
-	Use:   "perf",
-	Short: "A short load: can the cluster's disks and network hold the rates MemoryFS promises?",
-	Long: `Run a short load against the cluster, as memfs bench does (1 MiB writes,
+func newCheckPerfCmd() *cobra.Command {
+	o := &checkPerfOptions{}
+	cmd := &cobra.Command{
+		Use:   "perf",
+		Short: "A short load: can the cluster's disks and network hold the rates MemoryFS promises?",
+		Long: `Run a short load against the cluster, as memfs bench does (1 MiB writes,
 16 in flight, each committed on a majority's disk; then 4 KiB files created
 by 16 clients), and say whether it held the rates the docs promise: by
 default at least 20 MB/s of replicated writes (ten times the original
@@ -45,36 +51,32 @@ of at most 500 ms (docs/benchmarks.md has what this project's machines
 reach). --load s, m or l sets the size (64 MiB and 1000 files, 256 MiB and
 4000, 1 GiB and 10000). Each check prints PASS or FAIL; exit status 1 when
 any fails. Everything it writes is removed at the end.`,
-	Args: cobra.NoArgs,
-	RunE: func(cmd *cobra.Command, _ []string) error {
-		load, ok := checkLoads[checkPerf.load]
-		if !ok {
-			return usageError{fmt.Errorf("--load %q: want s, m or l", checkPerf.load)}
-		}
-		bench.total, bench.size, bench.concurrency = byteSize(load.total), 1<<20, 16
-		bench.creates, bench.clients, bench.fileSize = load.creates, 16, 4<<10
-		bench.phases, bench.keep = "write,create", false
-		ctx, stop := interruptContext()
-		defer stop()
-		fmt.Fprintf(cmd.ErrOrStderr(), "memfs: writing %s and creating %d files...\n",
-			formatBytes(load.total), load.creates)
-		rep, err := measure(ctx, cmd)
-		if err != nil {
-			return err
-		}
-		return judgePerf(cmd.OutOrStdout(), rep)
-	},
-}
-
-func init() {
-	f := checkPerfCmd.Flags()
-	f.StringVar(&checkPerf.load, "load", "s", "size of the load: s, m or l")
-	f.Float64Var(&checkPerf.minWriteMBps, "min-write-mbps", 20, "replicated write throughput to reach, MB/s (10^6 bytes)")
-	f.DurationVar(&checkPerf.maxWriteP99, "max-write-p99", 2*time.Second, "p99 latency of a 1 MiB write not to exceed")
-	f.Float64Var(&checkPerf.minCreatesSec, "min-creates", 500, "file creates per second to reach")
-	f.DurationVar(&checkPerf.maxCreateP99, "max-create-p99", 500*time.Millisecond, "p99 latency of a create not to exceed")
-	checkCmd.AddCommand(checkPerfCmd)
-	rootCmd.AddCommand(checkCmd)
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			load, ok := checkLoads[o.load]
+			if !ok {
+				return usageError{fmt.Errorf("--load %q: want s, m or l", o.load)}
+			}
+			b := &benchOptions{total: byteSize(load.total), size: 1 << 20, concurrency: 16,
+				creates: load.creates, clients: 16, fileSize: 4 << 10, phases: "write,create"}
+			ctx, stop := interruptContext()
+			defer stop()
+			fmt.Fprintf(cmd.ErrOrStderr(), "memfs: writing %s and creating %d files...\n",
+				formatBytes(load.total), load.creates)
+			rep, err := b.measure(ctx, cmd)
+			if err != nil {
+				return err
+			}
+			return o.judgePerf(cmd.OutOrStdout(), rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.load, "load", "s", "size of the load: s, m or l")
+	f.Float64Var(&o.minWriteMBps, "min-write-mbps", 20, "replicated write throughput to reach, MB/s (10^6 bytes)")
+	f.DurationVar(&o.maxWriteP99, "max-write-p99", 2*time.Second, "p99 latency of a 1 MiB write not to exceed")
+	f.Float64Var(&o.minCreatesSec, "min-creates", 500, "file creates per second to reach")
+	f.DurationVar(&o.maxCreateP99, "max-create-p99", 500*time.Millisecond, "p99 latency of a create not to exceed")
+	return cmd
 }
 
 // errPerfFailed is the exit of a check that ran and found the cluster
@@ -82,7 +84,7 @@ func init() {
 var errPerfFailed = errors.New("check perf: FAIL")
 
 // judgePerf prints one PASS or FAIL line per target and the verdict.
-func judgePerf(w io.Writer, rep benchReport) error {
+func (o *checkPerfOptions) judgePerf(w io.Writer, rep benchReport) error {
 	failed := false
 	check := func(ok bool, format string, args ...any) {
 		verdict := "PASS"
@@ -94,11 +96,11 @@ func judgePerf(w io.Writer, rep benchReport) error {
 	for _, p := range rep.Phases {
 		switch p.Phase {
 		case "write":
-			check(p.MBPerSec >= checkPerf.minWriteMBps, "write throughput %.1f MB/s (want at least %.1f)", p.MBPerSec, checkPerf.minWriteMBps)
-			check(p.P99Ms <= ms(checkPerf.maxWriteP99), "write p99 %.0f ms (want at most %.0f)", p.P99Ms, ms(checkPerf.maxWriteP99))
+			check(p.MBPerSec >= o.minWriteMBps, "write throughput %.1f MB/s (want at least %.1f)", p.MBPerSec, o.minWriteMBps)
+			check(p.P99Ms <= ms(o.maxWriteP99), "write p99 %.0f ms (want at most %.0f)", p.P99Ms, ms(o.maxWriteP99))
 		case "create":
-			check(p.OpsPerSec >= checkPerf.minCreatesSec, "creates %.0f/s (want at least %.0f)", p.OpsPerSec, checkPerf.minCreatesSec)
-			check(p.P99Ms <= ms(checkPerf.maxCreateP99), "create p99 %.1f ms (want at most %.0f)", p.P99Ms, ms(checkPerf.maxCreateP99))
+			check(p.OpsPerSec >= o.minCreatesSec, "creates %.0f/s (want at least %.0f)", p.OpsPerSec, o.minCreatesSec)
+			check(p.P99Ms <= ms(o.maxCreateP99), "create p99 %.1f ms (want at most %.0f)", p.P99Ms, ms(o.maxCreateP99))
 		}
 	}
 	if failed {

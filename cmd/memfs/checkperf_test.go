@@ -14,12 +14,10 @@ func TestJudgePerf(t *testing.T) {
 		{Phase: "write", MBPerSec: 30, P99Ms: 900},
 		{Phase: "create", OpsPerSec: 400, P99Ms: 120},
 	}}
-	saved := checkPerf
-	t.Cleanup(func() { checkPerf = saved })
-	checkPerf.minWriteMBps, checkPerf.maxWriteP99 = 20, 2*time.Second
-	checkPerf.minCreatesSec, checkPerf.maxCreateP99 = 500, 500*time.Millisecond
+	o := &checkPerfOptions{minWriteMBps: 20, maxWriteP99: 2 * time.Second,
+		minCreatesSec: 500, maxCreateP99: 500 * time.Millisecond}
 	var out bytes.Buffer
-	err := judgePerf(&out, rep)
+	err := o.judgePerf(&out, rep)
 	require.ErrorIs(t, err, errPerfFailed)
 	require.Equal(t, `PASS: write throughput 30.0 MB/s (want at least 20.0)
 PASS: write p99 900 ms (want at most 2000)
@@ -28,9 +26,9 @@ PASS: create p99 120.0 ms (want at most 500)
 FAIL
 `, out.String())
 
-	checkPerf.minCreatesSec = 300
+	o.minCreatesSec = 300
 	out.Reset()
-	require.NoError(t, judgePerf(&out, rep))
+	require.NoError(t, o.judgePerf(&out, rep))
 	require.True(t, strings.HasSuffix(out.String(), "\nPASS\n"), out.String())
 }
 

@@ -24,7 +24,7 @@ func newClient(cmd *cobra.Command, opts ...client.Option) (*client.Client, error
 		return nil, err
 	}
 	opts = append(append(sec,
-		client.WithRetryTimeout(timeoutFlag),
+		client.WithRetryTimeout(global.timeout),
 		client.WithLogger(log),
 		client.WithName("memfs "+cmd.Name()),
 	), opts...)

@@ -19,31 +19,35 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 )
 
+// newFileCmds builds the file commands.
+func newFileCmds() []*cobra.Command {
+	return []*cobra.Command{newLsCmd(), newStatCmd(), newCatCmd(), newPutCmd(), newGetCmd(),
+		newMkdirCmd(), newRmCmd(), newMvCmd(), newLnCmd()}
+}
+
 // copyBuf is the size of the pieces put and get move: large enough that a
 // piece is one streamed command, small enough to keep memory flat.
 const copyBuf = 8 << 20
 
-var (
-	lsLong     bool
-	mkdirAll   bool
-	rmAll      bool
-	lnSymbolic bool
-)
-
-var lsCmd = &cobra.Command{
-	Use:   "ls [-l] [PATH]",
-	Short: "List a directory (default /)",
-	Args:  cobra.MaximumNArgs(1),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		name := "/"
-		if len(args) == 1 {
-			name = args[0]
-		}
-		return list(cmd.OutOrStdout(), c, name)
-	}),
+func newLsCmd() *cobra.Command {
+	var long bool
+	cmd := &cobra.Command{
+		Use:   "ls [-l] [PATH]",
+		Short: "List a directory (default /)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			name := "/"
+			if len(args) == 1 {
+				name = args[0]
+			}
+			return list(cmd.OutOrStdout(), c, name, long)
+		}),
+	}
+	cmd.Flags().BoolVarP(&long, "long", "l", false, "show mode, links, owner, size and time")
+	return cmd
 }
 
-func list(out io.Writer, c *client.Client, name string) error {
+func list(out io.Writer, c *client.Client, name string, long bool) error {
 	fi, err := c.Lstat(name)
 	if err != nil {
 		return err
@@ -60,7 +64,7 @@ func list(out io.Writer, c *client.Client, name string) error {
 		}
 		for _, e := range ents {
 			row := row{name: e.Name()}
-			if lsLong {
+			if long {
 				if row.fi, err = e.Info(); err != nil {
 					return err
 				}
@@ -70,7 +74,7 @@ func list(out io.Writer, c *client.Client, name string) error {
 	} else {
 		rows = append(rows, row{name: name, fi: fi})
 	}
-	if !lsLong {
+	if !long {
 		for _, r := range rows {
 			fmt.Fprintln(out, r.name)
 		}
@@ -137,32 +141,35 @@ func lsMode(m fs.FileMode) string {
 	return string(b)
 }
 
-var statCmd = &cobra.Command{
-	Use:   "stat PATH",
-	Short: "Show a file's attributes (without following a final symlink)",
-	Args:  cobra.ExactArgs(1),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		fi, err := c.Lstat(args[0])
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			pe.Op = "stat"
-		}
-		if err != nil {
-			return err
-		}
-		a := fi.Sys().(*pb.Attr)
-		out := cmd.OutOrStdout()
-		fmt.Fprintf(out, "  File: %s\n", args[0])
-		fmt.Fprintf(out, "  Size: %-12d Blocks: %-8d %s\n", a.Size, a.Blocks, kind(fi.Mode()))
-		fmt.Fprintf(out, " Inode: %-12d Links: %-8d Generation: %d\n", a.Ino, a.Nlink, a.Generation)
-		fmt.Fprintf(out, "Access: (%04o/%s)  Uid: %d  Gid: %d\n", a.Mode&0o7777, fi.Mode(), a.Uid, a.Gid)
-		for _, t := range []struct {
-			name string
-			ns   int64
-		}{{"Access", a.AtimeNs}, {"Modify", a.MtimeNs}, {"Change", a.CtimeNs}} {
-			fmt.Fprintf(out, "%s: %s\n", t.name, time.Unix(0, t.ns).Format("2006-01-02 15:04:05.000000000 -0700"))
-		}
-		return nil
-	}),
+func newStatCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stat PATH",
+		Short: "Show a file's attributes (without following a final symlink)",
+		Args:  cobra.ExactArgs(1),
+		RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			fi, err := c.Lstat(args[0])
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				pe.Op = "stat"
+			}
+			if err != nil {
+				return err
+			}
+			a := fi.Sys().(*pb.Attr)
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "  File: %s\n", args[0])
+			fmt.Fprintf(out, "  Size: %-12d Blocks: %-8d %s\n", a.Size, a.Blocks, kind(fi.Mode()))
+			fmt.Fprintf(out, " Inode: %-12d Links: %-8d Generation: %d\n", a.Ino, a.Nlink, a.Generation)
+			fmt.Fprintf(out, "Access: (%04o/%s)  Uid: %d  Gid: %d\n", a.Mode&0o7777, fi.Mode(), a.Uid, a.Gid)
+			for _, t := range []struct {
+				name string
+				ns   int64
+			}{{"Access", a.AtimeNs}, {"Modify", a.MtimeNs}, {"Change", a.CtimeNs}} {
+				fmt.Fprintf(out, "%s: %s\n", t.name, time.Unix(0, t.ns).Format("2006-01-02 15:04:05.000000000 -0700"))
+			}
+			return nil
+		}),
+	}
+	return cmd
 }
 
 func kind(m fs.FileMode) string {
@@ -185,18 +192,21 @@ func kind(m fs.FileMode) string {
 	return "other"
 }
 
-var catCmd = &cobra.Command{
-	Use:   "cat PATH...",
-	Short: "Print files to standard output",
-	Args:  cobra.MinimumNArgs(1),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		for _, name := range args {
-			if err := getTo(cmd.OutOrStdout(), c, name); err != nil {
-				return err
+func newCatCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cat PATH...",
+		Short: "Print files to standard output",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			for _, name := range args {
+				if err := getTo(cmd.OutOrStdout(), c, name); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
-	}),
+			return nil
+		}),
+	}
+	return cmd
 }
 
 // getTo copies remote file name to w.
@@ -217,105 +227,121 @@ func getTo(w io.Writer, c *client.Client, name string) error {
 type onlyReader struct{ io.Reader }
 type onlyWriter struct{ io.Writer }
 
-var putCmd = &cobra.Command{
-	Use:   "put LOCAL REMOTE",
-	Short: "Copy a local file (or - for standard input) into the cluster",
-	Long: `Copy a local file (or - for standard input) into the cluster. If REMOTE is
+func newPutCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "put LOCAL REMOTE",
+		Short: "Copy a local file (or - for standard input) into the cluster",
+		Long: `Copy a local file (or - for standard input) into the cluster. If REMOTE is
 an existing directory the file keeps its name inside it. Each piece of up to
 8 MiB is committed before the next is sent; --timeout bounds the wait for
 each piece, not the whole copy. The data goes to a hidden temporary file
 beside REMOTE that is renamed over it at the end, so a failed or
 interrupted copy leaves REMOTE as it was.`,
-	Args: cobra.ExactArgs(2),
-	RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		local, remote := args[0], args[1]
-		var in io.Reader = cmd.InOrStdin()
-		size := int64(-1)
-		if local != "-" {
-			f, err := os.Open(local)
-			if err != nil {
-				return err
+		Args: cobra.ExactArgs(2),
+		RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			local, remote := args[0], args[1]
+			var in io.Reader = cmd.InOrStdin()
+			size := int64(-1)
+			if local != "-" {
+				f, err := os.Open(local)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+				if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+					size = fi.Size()
+				}
+				if fi, err := c.Stat(remote); err == nil && fi.IsDir() {
+					remote = path.Join(remote, path.Base(local))
+				}
 			}
-			defer f.Close()
-			in = f
-			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
-				size = fi.Size()
-			}
-			if fi, err := c.Stat(remote); err == nil && fi.IsDir() {
-				remote = path.Join(remote, path.Base(local))
-			}
-		}
-		bar := progress.Bytes(cmd.ErrOrStderr(), size, "put "+remote, quietFlag)
-		return putStream(ctx, c, in, remote, bar)
-	}),
+			bar := progress.Bytes(cmd.ErrOrStderr(), size, "put "+remote, global.quiet)
+			return putStream(ctx, c, in, remote, bar)
+		}),
+	}
+	return cmd
 }
 
-var getCmd = &cobra.Command{
-	Use:   "get REMOTE LOCAL",
-	Short: "Copy a file out of the cluster (LOCAL - for standard output)",
-	Long: `Copy a file out of the cluster (LOCAL - for standard output). If LOCAL is an
+func newGetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get REMOTE LOCAL",
+		Short: "Copy a file out of the cluster (LOCAL - for standard output)",
+		Long: `Copy a file out of the cluster (LOCAL - for standard output). If LOCAL is an
 existing directory the file keeps its name inside it. --timeout bounds the
 wait for each piece, not the whole copy. The data goes to a hidden temporary
 file beside LOCAL that is synced and renamed over it at the end, so a failed
 or interrupted copy leaves LOCAL as it was.`,
-	Args: cobra.ExactArgs(2),
-	RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		remote, local := args[0], args[1]
-		if local == "-" {
-			return getTo(cmd.OutOrStdout(), c, remote)
-		}
-		if fi, err := os.Stat(local); err == nil && fi.IsDir() {
-			local = filepath.Join(local, path.Base(remote))
-		}
-		return getFile(ctx, c, remote, local, func(size int64) *progress.Bar {
-			return progress.Bytes(cmd.ErrOrStderr(), size, "get "+remote, quietFlag)
-		})
-	}),
+		Args: cobra.ExactArgs(2),
+		RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			remote, local := args[0], args[1]
+			if local == "-" {
+				return getTo(cmd.OutOrStdout(), c, remote)
+			}
+			if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+				local = filepath.Join(local, path.Base(remote))
+			}
+			return getFile(ctx, c, remote, local, func(size int64) *progress.Bar {
+				return progress.Bytes(cmd.ErrOrStderr(), size, "get "+remote, global.quiet)
+			})
+		}),
+	}
+	return cmd
 }
 
-var mkdirCmd = &cobra.Command{
-	Use:   "mkdir [-p] PATH...",
-	Short: "Create directories",
-	Args:  cobra.MinimumNArgs(1),
-	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
-		for _, name := range args {
-			mk := c.Mkdir
-			if mkdirAll {
-				mk = c.MkdirAll
+func newMkdirCmd() *cobra.Command {
+	var parents bool
+	cmd := &cobra.Command{
+		Use:   "mkdir [-p] PATH...",
+		Short: "Create directories",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+			for _, name := range args {
+				mk := c.Mkdir
+				if parents {
+					mk = c.MkdirAll
+				}
+				if err := mk(name, 0o755); err != nil {
+					return err
+				}
 			}
-			if err := mk(name, 0o755); err != nil {
-				return err
-			}
-		}
-		return nil
-	}),
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "create missing parents; no error if it exists")
+	return cmd
 }
 
-var rmCmd = &cobra.Command{
-	Use:   "rm [-r] PATH...",
-	Short: "Remove files, symlinks and empty directories (-r: whole trees)",
-	Args:  cobra.MinimumNArgs(1),
-	RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-		for _, name := range args {
-			if rmAll {
-				// Like rm -r, a missing path is an error.
-				if _, err := c.Lstat(name); err != nil {
+func newRmCmd() *cobra.Command {
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "rm [-r] PATH...",
+		Short: "Remove files, symlinks and empty directories (-r: whole trees)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: clientRun(func(_ context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			for _, name := range args {
+				if recursive {
+					// Like rm -r, a missing path is an error.
+					if _, err := c.Lstat(name); err != nil {
+						return err
+					}
+					bar := rmBar(c, cmd.ErrOrStderr(), name)
+					if err := c.RemoveAllFunc(name, func(string) { bar.Add(1) }); err != nil {
+						bar.Stop()
+						return err
+					}
+					bar.Finish()
+					continue
+				}
+				if err := c.Remove(name); err != nil {
 					return err
 				}
-				bar := rmBar(c, cmd.ErrOrStderr(), name)
-				if err := c.RemoveAllFunc(name, func(string) { bar.Add(1) }); err != nil {
-					bar.Stop()
-					return err
-				}
-				bar.Finish()
-				continue
 			}
-			if err := c.Remove(name); err != nil {
-				return err
-			}
-		}
-		return nil
-	}),
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
+	return cmd
 }
 
 // rmBar is the progress bar of rm -r name: on a terminal the entries of
@@ -323,14 +349,14 @@ var rmCmd = &cobra.Command{
 // committed command), so the bar has an end and a time left; when the
 // count fails the bar counts without an end.
 func rmBar(c *client.Client, w io.Writer, name string) *progress.Bar {
-	if quietFlag || !progress.IsTerminal(w) {
+	if global.quiet || !progress.IsTerminal(w) {
 		return nil
 	}
 	n, err := countTree(c, name)
 	if err != nil {
-		return progress.Items(w, "rm -r "+name, "entries", quietFlag)
+		return progress.Items(w, "rm -r "+name, "entries", global.quiet)
 	}
-	return progress.ItemsOf(w, n, "rm -r "+name, "entries", quietFlag)
+	return progress.ItemsOf(w, n, "rm -r "+name, "entries", global.quiet)
 }
 
 // countTree counts name and, for a directory, every entry below it.
@@ -358,35 +384,35 @@ func countTree(c *client.Client, name string) (int64, error) {
 	return n, nil
 }
 
-var mvCmd = &cobra.Command{
-	Use:   "mv SRC DST",
-	Short: "Rename or move a file or directory (into DST if it is a directory)",
-	Args:  cobra.ExactArgs(2),
-	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
-		src, dst := args[0], args[1]
-		if fi, err := c.Stat(dst); err == nil && fi.IsDir() {
-			dst = path.Join(dst, path.Base(src))
-		}
-		return c.Rename(src, dst)
-	}),
+func newMvCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mv SRC DST",
+		Short: "Rename or move a file or directory (into DST if it is a directory)",
+		Args:  cobra.ExactArgs(2),
+		RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+			src, dst := args[0], args[1]
+			if fi, err := c.Stat(dst); err == nil && fi.IsDir() {
+				dst = path.Join(dst, path.Base(src))
+			}
+			return c.Rename(src, dst)
+		}),
+	}
+	return cmd
 }
 
-var lnCmd = &cobra.Command{
-	Use:   "ln [-s] TARGET LINK",
-	Short: "Create a hard link (or with -s a symbolic link) LINK to TARGET",
-	Args:  cobra.ExactArgs(2),
-	RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
-		if lnSymbolic {
-			return c.Symlink(args[0], args[1])
-		}
-		return c.Link(args[0], args[1])
-	}),
-}
-
-func init() {
-	lsCmd.Flags().BoolVarP(&lsLong, "long", "l", false, "show mode, links, owner, size and time")
-	mkdirCmd.Flags().BoolVarP(&mkdirAll, "parents", "p", false, "create missing parents; no error if it exists")
-	rmCmd.Flags().BoolVarP(&rmAll, "recursive", "r", false, "remove directories and their contents")
-	lnCmd.Flags().BoolVarP(&lnSymbolic, "symbolic", "s", false, "make a symbolic link")
-	rootCmd.AddCommand(lsCmd, statCmd, catCmd, putCmd, getCmd, mkdirCmd, rmCmd, mvCmd, lnCmd)
+func newLnCmd() *cobra.Command {
+	var symbolic bool
+	cmd := &cobra.Command{
+		Use:   "ln [-s] TARGET LINK",
+		Short: "Create a hard link (or with -s a symbolic link) LINK to TARGET",
+		Args:  cobra.ExactArgs(2),
+		RunE: clientRun(func(_ context.Context, _ *cobra.Command, c *client.Client, args []string) error {
+			if symbolic {
+				return c.Symlink(args[0], args[1])
+			}
+			return c.Link(args[0], args[1])
+		}),
+	}
+	cmd.Flags().BoolVarP(&symbolic, "symbolic", "s", false, "make a symbolic link")
+	return cmd
 }

@@ -25,40 +25,56 @@ import (
 // defaultCluster matches the API addresses `memfs up` uses by default.
 const defaultCluster = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
 
-var rootCmd = &cobra.Command{
-	Use:   "memfs",
-	Short: "MemoryFS: a replicated in-memory file system",
-	Long: `MemoryFS keeps a POSIX-like file tree in the memory of 3 or 5 nodes,
-replicated with Raft. Start a local cluster with "memfs up", then use the
-file commands against it.`,
-	SilenceUsage:  true,
-	SilenceErrors: true,
+// global holds the root's persistent flags. They are the one package
+// variable of flags: the helpers every command shares (clusterAddrs,
+// commandContext, clientSecurity, errorText) read them.
+var global struct {
+	cluster       string
+	timeout       time.Duration
+	quiet         bool
+	ca, cert, key string
+	tokenFile     string
 }
 
-var (
-	clusterFlag string
-	timeoutFlag time.Duration
-	quietFlag   bool
-)
-
-func init() {
+// newRootCmd builds the command tree: one constructor per command, each
+// with its own flags.
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "memfs",
+		Short: "MemoryFS: a replicated in-memory file system",
+		Long: `MemoryFS keeps a POSIX-like file tree in the memory of 3 or 5 nodes,
+replicated with Raft. Start a local cluster with "memfs up", then use the
+file commands against it.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
 	def := os.Getenv("MEMFS_CLUSTER")
 	if def == "" {
 		def = defaultCluster
 	}
-	rootCmd.PersistentFlags().StringVar(&clusterFlag, "cluster", def,
+	pf := root.PersistentFlags()
+	pf.StringVar(&global.cluster, "cluster", def,
 		"comma-separated API addresses of cluster nodes (env MEMFS_CLUSTER)")
-	rootCmd.PersistentFlags().DurationVar(&timeoutFlag, "timeout", 30*time.Second,
+	pf.DurationVar(&global.timeout, "timeout", 30*time.Second,
 		"give up on an operation the cluster has not answered after this long (a transfer lasts as long as its pieces keep being answered)")
-	rootCmd.PersistentFlags().BoolVarP(&quietFlag, "quiet", "q", false,
+	pf.BoolVarP(&global.quiet, "quiet", "q", false,
 		"no progress bars (they are drawn only on a terminal anyway)")
-	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	securityFlags(pf)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(
+		newServerCmd(), newUpCmd(), newMountCmd(),
+		newStatusCmd(), newHealthCmd(), newTopCmd(), newCheckCmd(),
+		newNodeCmd(), newCertCmd(), newTokenCmd(),
+		newBenchCmd(), newRegionCmd(), newCloneCmd(), newDuCmd(),
+	)
+	root.AddCommand(newFileCmds()...)
+	return root
 }
 
 // clusterAddrs returns the --cluster addresses.
 func clusterAddrs() []string {
 	var out []string
-	for _, a := range strings.Split(clusterFlag, ",") {
+	for _, a := range strings.Split(global.cluster, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			out = append(out, a)
 		}
@@ -80,7 +96,7 @@ func needCluster() ([]string, error) {
 // --timeout.
 func commandContext() (context.Context, context.CancelFunc) {
 	ctx, stop := interruptContext()
-	ctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+	ctx, cancel := context.WithTimeout(ctx, global.timeout)
 	return ctx, func() { cancel(); stop() }
 }
 
@@ -131,9 +147,9 @@ func errorText(err error) string {
 	case errors.As(err, &done):
 		return msg // says already what happened and what to do
 	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
-		return msg + fmt.Sprintf(" (no answer within --timeout %v)", timeoutFlag)
+		return msg + fmt.Sprintf(" (no answer within --timeout %v)", global.timeout)
 	case strings.Contains(msg, "connection refused"):
-		return msg + fmt.Sprintf(" (is the cluster running? --cluster is %q)", clusterFlag)
+		return msg + fmt.Sprintf(" (is the cluster running? --cluster is %q)", global.cluster)
 	}
 	return msg
 }
@@ -144,7 +160,7 @@ func main() {
 	// dependency (coreos/pkg's capnslog, under raft-wal) takes over at
 	// init, so lines came out in its format wherever a command logged.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	err := rootCmd.Execute()
+	err := newRootCmd().Execute()
 	if err == nil {
 		return
 	}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
@@ -27,7 +26,7 @@ import (
 	"github.com/memoryfs/memfs/server/opsweb"
 )
 
-var mountFlags struct {
+type mountOptions struct {
 	daemon           bool
 	allowOther       bool
 	writeback        bool
@@ -49,18 +48,44 @@ var mountFlags struct {
 	metricsAddr      string
 }
 
-var mountCmd = &cobra.Command{
-	Use:   "mount MOUNTPOINT",
-	Short: "Mount the cluster as a POSIX file system (FUSE)",
-	Long: `Mount the cluster on MOUNTPOINT through FUSE so that unmodified programs
+func newMountCmd() *cobra.Command {
+	o := &mountOptions{}
+	cmd := &cobra.Command{
+		Use:   "mount MOUNTPOINT",
+		Short: "Mount the cluster as a POSIX file system (FUSE)",
+		Long: `Mount the cluster on MOUNTPOINT through FUSE so that unmodified programs
 use it. Runs in the foreground until the file system is unmounted
 ("fusermount3 -u MOUNTPOINT") or the process gets SIGINT/SIGTERM, then
 unmounts cleanly; --daemon detaches and returns once the mount is ready.
 
 A mountpoint left behind by a killed mount process is cleared first. A
 live mount on MOUNTPOINT is refused unless --force-unmount is given.`,
-	Args: cobra.ExactArgs(1),
-	RunE: runMount,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return runMount(cmd, args, o) },
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.daemon, "daemon", false, "detach and return once the mount is ready")
+	f.BoolVar(&o.allowOther, "allow-other", false, "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless root)")
+	f.BoolVar(&o.writeback, "writeback-cache", false, "kernel writeback cache: faster small writes, but O_APPEND from two mounts may overwrite each other")
+	f.BoolVar(&o.localLocks, "local-locks", false, "keep fcntl and flock locks in this host's kernel: they then exclude processes of this host only, not of other mounts (docs/fuse.md)")
+	f.BoolVar(&o.force, "force-unmount", false, "detach a live FUSE mount already on MOUNTPOINT instead of refusing")
+	f.BoolVar(&o.noWatch, "no-watch", false, "do not apply the cluster's change events (other mounts' changes then show after --attr-timeout)")
+	f.DurationVar(&o.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names without capabilities (with them: what a capability covers, while it can be trusted)")
+	f.DurationVar(&o.opTimeout, "op-timeout", 30*time.Second, "an operation fails with EIO when the cluster does not answer for this long")
+	f.IntVar(&o.readaheadKiB, "readahead-kb", fuse.DefaultReadaheadKiB, "kernel readahead window in KiB (needs root; -1 leaves the kernel default)")
+	o.dataCache = fuse.DefaultDataCache
+	f.Var(&o.dataCache, "data-cache", "file data kept in the mount's memory for later reads while change events arrive (0: readahead only)")
+	f.BoolVar(&o.debug, "debug", false, "log every FUSE request and reply")
+	f.StringVar(&o.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
+	f.StringVar(&o.binding, "binding", fuse.BindingGoFuse, "FUSE library serving the mount: gofuse (go-fuse: 1 MiB requests, READDIRPLUS, negative entries) or bazil (bazil.org/fuse); docs/fuse.md")
+	f.StringVar(&o.atime, "atime", fuse.AtimeNo, "noatime: reads never move access times; relatime: the first read after a change does, one background command each (docs/fuse.md)")
+	f.BoolVar(&o.hugePages, "huge-pages", true, hugePagesUsage)
+	f.BoolVar(&o.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
+	f.DurationVar(&o.lease, "lease", 0, "the mount's session lease: how long a mount that died or was cut off keeps other clients waiting for its capabilities (0: the client's default, 10s)")
+	f.BoolVar(&o.sync, "sync", false, "commit every metadata change before answering it, instead of answering changes in directories the mount holds exclusively at once and committing them in ordered batches by fsync, unmount or a recall (docs/fuse.md)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve the mount's Prometheus metrics (per-operation counts and latency, cache hits, recalls, journal) at http://ADDR/metrics, with /livez and Go profiles")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
+	return cmd
 }
 
 // mountReadyFD is the descriptor on which a --daemon child reports that the
@@ -70,54 +95,26 @@ const mountReadyFD = 3
 // mountChildEnv marks the detached child of `memfs mount --daemon`.
 const mountChildEnv = "MEMFS_MOUNT_DAEMON_CHILD"
 
-func init() {
-	f := mountCmd.Flags()
-	f.BoolVar(&mountFlags.daemon, "daemon", false, "detach and return once the mount is ready")
-	f.BoolVar(&mountFlags.allowOther, "allow-other", false, "let other users use the mount (needs user_allow_other in /etc/fuse.conf unless root)")
-	f.BoolVar(&mountFlags.writeback, "writeback-cache", false, "kernel writeback cache: faster small writes, but O_APPEND from two mounts may overwrite each other")
-	f.BoolVar(&mountFlags.localLocks, "local-locks", false, "keep fcntl and flock locks in this host's kernel: they then exclude processes of this host only, not of other mounts (docs/fuse.md)")
-	f.BoolVar(&mountFlags.force, "force-unmount", false, "detach a live FUSE mount already on MOUNTPOINT instead of refusing")
-	f.BoolVar(&mountFlags.noWatch, "no-watch", false, "do not apply the cluster's change events (other mounts' changes then show after --attr-timeout)")
-	f.DurationVar(&mountFlags.attrTimeout, "attr-timeout", fuse.DefaultAttrTimeout, "how long the kernel caches attributes and names without capabilities (with them: what a capability covers, while it can be trusted)")
-	f.DurationVar(&mountFlags.opTimeout, "op-timeout", 30*time.Second, "an operation fails with EIO when the cluster does not answer for this long")
-	f.IntVar(&mountFlags.readaheadKiB, "readahead-kb", fuse.DefaultReadaheadKiB, "kernel readahead window in KiB (needs root; -1 leaves the kernel default)")
-	mountFlags.dataCache = fuse.DefaultDataCache
-	f.Var(&mountFlags.dataCache, "data-cache", "file data kept in the mount's memory for later reads while change events arrive (0: readahead only)")
-	f.BoolVar(&mountFlags.debug, "debug", false, "log every FUSE request and reply")
-	f.StringVar(&mountFlags.logFile, "log", "", "with --daemon: append the mount's log to this file (default: discard)")
-	f.StringVar(&mountFlags.binding, "binding", fuse.BindingGoFuse, "FUSE library serving the mount: gofuse (go-fuse: 1 MiB requests, READDIRPLUS, negative entries) or bazil (bazil.org/fuse); docs/fuse.md")
-	f.StringVar(&mountFlags.atime, "atime", fuse.AtimeNo, "noatime: reads never move access times; relatime: the first read after a change does, one background command each (docs/fuse.md)")
-	f.BoolVar(&mountFlags.hugePages, "huge-pages", true, hugePagesUsage)
-	f.BoolVar(&mountFlags.caps, "caps", true, "hold capabilities: answer lookups, stats, listings and read-only opens of files nobody else changes without asking the cluster (docs/fuse.md)")
-	f.DurationVar(&mountFlags.lease, "lease", 0, "the mount's session lease: how long a mount that died or was cut off keeps other clients waiting for its capabilities (0: the client's default, 10s)")
-	f.BoolVar(&mountFlags.sync, "sync", false, "commit every metadata change before answering it, instead of answering changes in directories the mount holds exclusively at once and committing them in ordered batches by fsync, unmount or a recall (docs/fuse.md)")
-	f.StringVar(&mountFlags.metricsAddr, "metrics-addr", "", "serve the mount's Prometheus metrics (per-operation counts and latency, cache hits, recalls, journal) at http://ADDR/metrics, with /livez and Go profiles")
-	f.StringVar(&mountFlags.cpuProfile, "cpuprofile", "", "write a CPU profile of the mount process to this file until it unmounts")
-	rootCmd.AddCommand(mountCmd)
-
-	upCmd.Flags().StringVar(&upMountDir, "mount", "", "also mount the cluster on this directory (FUSE; made if missing), until up stops")
-	upHooks = append(upHooks, upMountHook)
-}
-
-func mountOptions() fuse.Options {
+// fuseOptions turns the flags into the mount's options.
+func (o *mountOptions) fuseOptions() fuse.Options {
 	var debugf func(any)
-	if mountFlags.debug {
+	if o.debug {
 		debugf = func(msg any) { slog.Info("fuse", "msg", fmt.Sprint(msg)) }
 	}
 	return fuse.Options{
 		Debug:          debugf,
-		AttrTimeout:    mountFlags.attrTimeout,
-		OpTimeout:      mountFlags.opTimeout,
-		AllowOther:     mountFlags.allowOther,
-		WritebackCache: mountFlags.writeback,
-		LocalLocks:     mountFlags.localLocks,
-		ForceUnmount:   mountFlags.force,
-		NoWatch:        mountFlags.noWatch,
-		ReadaheadKiB:   mountFlags.readaheadKiB,
-		DataCache:      dataCacheOption(int64(mountFlags.dataCache)),
-		Binding:        mountFlags.binding,
-		Atime:          mountFlags.atime,
-		Sync:           mountFlags.sync,
+		AttrTimeout:    o.attrTimeout,
+		OpTimeout:      o.opTimeout,
+		AllowOther:     o.allowOther,
+		WritebackCache: o.writeback,
+		LocalLocks:     o.localLocks,
+		ForceUnmount:   o.force,
+		NoWatch:        o.noWatch,
+		ReadaheadKiB:   o.readaheadKiB,
+		DataCache:      dataCacheOption(int64(o.dataCache)),
+		Binding:        o.binding,
+		Atime:          o.atime,
+		Sync:           o.sync,
 	}
 }
 
@@ -144,51 +141,51 @@ func tuneMountGC() *heapgoal.Tuner {
 	return heapgoal.Start(mountHeadroom, 400, slog.Default())
 }
 
-func runMount(cmd *cobra.Command, args []string) error {
-	if err := fuse.CheckBinding(mountFlags.binding); err != nil {
+func runMount(cmd *cobra.Command, args []string, o *mountOptions) error {
+	if err := fuse.CheckBinding(o.binding); err != nil {
 		return usageError{fmt.Errorf("--binding %w", err)}
 	}
-	if mountFlags.daemon && os.Getenv(mountChildEnv) == "" {
-		return startMountDaemon(cmd, args[0])
+	if o.daemon && os.Getenv(mountChildEnv) == "" {
+		return o.startMountDaemon(cmd, args[0])
 	}
 	// A soft limit caps the heap whatever the tuner allows.
 	defer tuneMountGC().Stop()
-	heap := 2*int64(mountFlags.dataCache) + 256<<20
+	heap := 2*int64(o.dataCache) + 256<<20
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(heap)
 	}
-	if mountFlags.hugePages {
+	if o.hugePages {
 		reserveHugePages(slog.Default(), uint64(heap))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opt := mountOptions()
-	if mountFlags.metricsAddr != "" {
+	opt := o.fuseOptions()
+	if o.metricsAddr != "" {
 		// Listening before mounting, so that a taken port fails the
 		// mount instead of leaving it without its metrics.
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		opt.Metrics = reg
-		if _, err := opsweb.Serve(ctx, mountFlags.metricsAddr, opsweb.Handler(opsweb.Options{Registry: reg}), slog.Default()); err != nil {
+		if _, err := opsweb.Serve(ctx, o.metricsAddr, opsweb.Handler(opsweb.Options{Registry: reg}), slog.Default()); err != nil {
 			err = fmt.Errorf("--metrics-addr: %w", err)
 			notifyParent(err)
 			return err
 		}
 	}
-	m, c, err := mountCluster(ctx, cmd, args[0], opt)
+	m, c, err := o.mountCluster(ctx, cmd, args[0], opt)
 	notifyParent(err)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if mountFlags.cpuProfile != "" {
-		stopProfile, err := startCPUProfile(mountFlags.cpuProfile)
+	if o.cpuProfile != "" {
+		stopProfile, err := startCPUProfile(o.cpuProfile)
 		if err != nil {
 			return err
 		}
 		defer stopProfile()
 	}
-	slog.Info("mounted", "dir", m.Dir(), "cluster", clusterFlag)
+	slog.Info("mounted", "dir", m.Dir(), "cluster", global.cluster)
 	if os.Getenv(mountChildEnv) == "" {
 		fmt.Fprintf(cmd.ErrOrStderr(), "memfs: cluster mounted on %s; Ctrl-C or \"fusermount3 -u %s\" unmounts\n", m.Dir(), m.Dir())
 	}
@@ -226,16 +223,16 @@ func startCPUProfile(path string) (func(), error) {
 }
 
 // mountCluster connects to --cluster and mounts it on dir.
-func mountCluster(ctx context.Context, cmd *cobra.Command, dir string, opt fuse.Options) (*fuse.MountPoint, *client.Client, error) {
-	sctx, cancel := context.WithTimeout(ctx, timeoutFlag)
+func (o *mountOptions) mountCluster(ctx context.Context, cmd *cobra.Command, dir string, opt fuse.Options) (*fuse.MountPoint, *client.Client, error) {
+	sctx, cancel := context.WithTimeout(ctx, global.timeout)
 	defer cancel()
 	cmd.SetContext(sctx)
 	var copts []client.Option
-	if mountFlags.caps {
+	if o.caps {
 		copts = append(copts, client.WithCaps())
 	}
-	if mountFlags.lease > 0 {
-		copts = append(copts, client.WithLease(mountFlags.lease))
+	if o.lease > 0 {
+		copts = append(copts, client.WithLease(o.lease))
 	}
 	c, err := newClient(cmd, copts...)
 	if err != nil {
@@ -269,7 +266,7 @@ func notifyParent(err error) {
 
 // startMountDaemon runs this command again, detached (new session, no
 // terminal), and returns once the child reports the mount ready.
-func startMountDaemon(cmd *cobra.Command, dir string) error {
+func (o *mountOptions) startMountDaemon(cmd *cobra.Command, dir string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -283,7 +280,7 @@ func startMountDaemon(cmd *cobra.Command, dir string) error {
 	child.Env = append(os.Environ(), mountChildEnv+"=1")
 	child.ExtraFiles = []*os.File{w} // fd 3
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	logf, err := daemonLog()
+	logf, err := o.daemonLog()
 	if err != nil {
 		w.Close()
 		return err
@@ -313,18 +310,18 @@ func startMountDaemon(cmd *cobra.Command, dir string) error {
 			s = "mount process exited without a word"
 		}
 		return errors.New(strings.TrimPrefix(s, "error: "))
-	case <-time.After(timeoutFlag + 30*time.Second):
+	case <-time.After(global.timeout + 30*time.Second):
 		_ = child.Process.Kill()
-		return fmt.Errorf("mount not ready after %v", timeoutFlag+30*time.Second)
+		return fmt.Errorf("mount not ready after %v", global.timeout+30*time.Second)
 	}
 }
 
 // daemonLog is where a detached mount writes its log.
-func daemonLog() (*os.File, error) {
-	if mountFlags.logFile == "" {
+func (o *mountOptions) daemonLog() (*os.File, error) {
+	if o.logFile == "" {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
-	return os.OpenFile(mountFlags.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	return os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 }
 
 // withoutDaemonFlag drops --daemon (in any spelling) from args.
@@ -337,52 +334,4 @@ func withoutDaemonFlag(args []string) []string {
 		out = append(out, a)
 	}
 	return out
-}
-
-// upMountDir is `memfs up --mount DIR`.
-var upMountDir string
-
-// upMountHook mounts the cluster `memfs up` started, in the up process.
-func upMountHook(ctx context.Context, c *upCluster) (func(), error) {
-	if upMountDir == "" {
-		return nil, nil
-	}
-	return startUpMount(ctx, upMountDir, c.APIAddrs(), c.Security, c.Out, filepath.Join(c.Dir, "mount.log"))
-}
-
-// startUpMount mounts the cluster at addrs on dir and returns the function
-// that unmounts it. The mount's log goes to logPath, as each node's does:
-// up's own output is for the person who started it.
-func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer, logPath string) (func(), error) {
-	// The README's first command mounts on ./mnt: made here when missing.
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("mount: %w", err)
-	}
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("mount: %w", err)
-	}
-	slog.SetDefault(slog.New(slog.NewTextHandler(logFile, nil)))
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cl, err := client.New(sctx, addrs, append(sec, client.WithName("memfs up --mount "+dir), client.WithCaps())...)
-	if err != nil {
-		return nil, fmt.Errorf("mount: connect: %w", err)
-	}
-	m, err := fuse.Mount(sctx, cl, dir, fuse.Options{})
-	if err != nil {
-		_ = cl.Close()
-		return nil, fmt.Errorf("mount: %w", err)
-	}
-	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s; log %s)\n", m.Dir(), m.Dir(), logPath)
-	gc := tuneMountGC()
-	return func() {
-		defer gc.Stop()
-		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := m.Unmount(uctx); err != nil {
-			fmt.Fprintf(out, "unmount %s: %v\n", m.Dir(), err)
-		}
-		_ = cl.Close()
-	}, nil
 }

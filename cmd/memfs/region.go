@@ -68,7 +68,7 @@ func runRegionPull(ctx context.Context, cmd *cobra.Command, c *client.Client, ar
 	defer r.Close()
 	opened := time.Since(start)
 	mu.Lock()
-	bar = progress.Bytes(cmd.ErrOrStderr(), r.Size(), "pull "+args[0], quietFlag)
+	bar = progress.Bytes(cmd.ErrOrStderr(), r.Size(), "pull "+args[0], global.quiet)
 	mu.Unlock()
 	var first time.Duration
 	if r.Size() > 0 {
@@ -113,7 +113,7 @@ func plainPull(ctx context.Context, cmd *cobra.Command, c *client.Client, path s
 		return err
 	}
 	size := fi.Size()
-	bar := progress.Bytes(cmd.ErrOrStderr(), size, "read "+path, quietFlag)
+	bar := progress.Bytes(cmd.ErrOrStderr(), size, "read "+path, global.quiet)
 	var first time.Duration
 	if size > 0 {
 		if _, err := f.ReadAt(make([]byte, 1), 0); err != nil {
@@ -195,7 +195,7 @@ kept, its first chunks overwritten with counters.`,
 	RunE: clientRun(runRegionHandoff),
 }
 
-func init() {
+func newRegionCmd() *cobra.Command {
 	f := regionPullCmd.Flags()
 	f.IntVar(&regionPull.workers, "workers", regionPull.workers, "background fetchers")
 	f.StringVarP(&regionPull.out, "out", "o", "", "write what was pulled to this local file")
@@ -209,7 +209,7 @@ func init() {
 	h.DurationVar(&regionHandoff.settle, "settle", regionHandoff.settle, "writes on the new holder before the next round")
 	h.BoolVar(&regionHandoff.keep, "keep", false, "keep the file")
 	regionCmd.AddCommand(regionPullCmd, regionHandoffCmd)
-	rootCmd.AddCommand(regionCmd)
+	return regionCmd
 }
 
 // counterSlots is how many 8-byte counters the application keeps in

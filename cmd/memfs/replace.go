@@ -32,7 +32,7 @@ type progressLine struct {
 }
 
 func newProgressLine(w io.Writer, id string) *progressLine {
-	p := &progressLine{w: w, id: id, quiet: quietFlag}
+	p := &progressLine{w: w, id: id, quiet: global.quiet}
 	p.newBar = func(phase string, total int64) *progress.Bar {
 		if phase == "sync" {
 			return progress.Bytes(p.w, total, p.id+" block sync", p.quiet)

@@ -7,32 +7,30 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 )
 
-// secFlags are the TLS files and the token every command that reaches a
-// node takes; `memfs server` takes the same files for its own certificate.
-var secFlags struct {
-	ca, cert, key, tokenFile string
-}
-
-func init() {
-	pf := rootCmd.PersistentFlags()
-	pf.StringVar(&secFlags.ca, "ca", os.Getenv("MEMFS_CA"),
+// securityFlags registers the TLS files and the token every command that
+// reaches a node takes; `memfs server` takes the same files for its own
+// certificate.
+func securityFlags(pf *pflag.FlagSet) {
+	pf.StringVar(&global.ca, "ca", os.Getenv("MEMFS_CA"),
 		"PEM file of the cluster's CA: speak TLS and trust nodes it signed (env MEMFS_CA)")
-	pf.StringVar(&secFlags.cert, "cert", os.Getenv("MEMFS_CERT"),
+	pf.StringVar(&global.cert, "cert", os.Getenv("MEMFS_CERT"),
 		"PEM certificate to authenticate with (env MEMFS_CERT)")
-	pf.StringVar(&secFlags.key, "key", os.Getenv("MEMFS_KEY"),
+	pf.StringVar(&global.key, "key", os.Getenv("MEMFS_KEY"),
 		"PEM private key of --cert (env MEMFS_KEY)")
-	pf.StringVar(&secFlags.tokenFile, "token-file", os.Getenv("MEMFS_TOKEN_FILE"),
+	pf.StringVar(&global.tokenFile, "token-file", os.Getenv("MEMFS_TOKEN_FILE"),
 		"file holding a token made by \"memfs token create\" to authenticate with (env MEMFS_TOKEN_FILE)")
 }
 
 // tlsFiles are the --ca/--cert/--key files, checked to go together.
 func tlsFiles() (tlsconf.Files, error) {
-	f := tlsconf.Files{CA: secFlags.ca, Cert: secFlags.cert, Key: secFlags.key}
+	f := tlsconf.Files{CA: global.ca, Cert: global.cert, Key: global.key}
 	if (f.Cert == "") != (f.Key == "") {
 		return f, usageError{errors.New("--cert and --key go together")}
 	}
@@ -57,17 +55,17 @@ func clientSecurity() ([]client.Option, error) {
 		}
 		opts = append(opts, client.WithTLS(src.ClientConfig()))
 	}
-	if secFlags.tokenFile != "" {
+	if global.tokenFile != "" {
 		if files.CA == "" {
 			return nil, usageError{errors.New("--token-file needs --ca: a token is only sent over TLS")}
 		}
-		b, err := os.ReadFile(secFlags.tokenFile)
+		b, err := os.ReadFile(global.tokenFile)
 		if err != nil {
 			return nil, explainedError{fmt.Errorf("--token-file: %w", err)}
 		}
 		tok := strings.TrimSpace(string(b))
 		if tok == "" {
-			return nil, explainedError{fmt.Errorf("--token-file %s is empty", secFlags.tokenFile)}
+			return nil, explainedError{fmt.Errorf("--token-file %s is empty", global.tokenFile)}
 		}
 		opts = append(opts, client.WithToken(tok))
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/memoryfs/memfs/server/opsweb"
 )
 
-var serverFlags struct {
+type serverOptions struct {
 	id, data, raftAddr, apiAddr, raftAdvertise, apiAdvertise, unix string
 	bootstrap, ephemeral, nonvoter, wireDedup, hugePages           bool
 	join                                                           []string
@@ -38,48 +38,47 @@ var serverFlags struct {
 	limits                                                         server.Limits
 }
 
-var serverCmd = &cobra.Command{
-	Use:   "server",
-	Short: "Run one MemoryFS node",
-	Long: `Run one MemoryFS node until SIGINT or SIGTERM, which stop it gracefully
+func newServerCmd() *cobra.Command {
+	o := &serverOptions{}
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run one MemoryFS node",
+		Long: `Run one MemoryFS node until SIGINT or SIGTERM, which stop it gracefully
 (a leader hands leadership over first).
 
 A new cluster starts with one node run with --bootstrap; the others are run
 with --join naming members' API addresses. A node restarted on its data dir
 comes back with its state and needs neither flag. A new node run with
 neither flag waits until the cluster adds it (memfs node replace).`,
-	Args: cobra.NoArgs,
-	RunE: runServer,
-}
-
-func init() {
-	f := serverCmd.Flags()
-	sf := &serverFlags
-	f.StringVar(&sf.id, "id", "", "node id, unique in the cluster for all time (required)")
-	f.StringVar(&sf.data, "data", "", "data directory for the Raft log and snapshots (required unless --ephemeral)")
-	f.StringVar(&sf.raftAddr, "raft-addr", "127.0.0.1:7101", "address for Raft traffic between nodes")
-	f.StringVar(&sf.apiAddr, "api-addr", "127.0.0.1:7001", "address of the gRPC API for clients and nodes")
-	f.StringVar(&sf.raftAdvertise, "raft-advertise", "", "Raft address other nodes dial, if not --raft-addr")
-	f.StringVar(&sf.apiAdvertise, "api-advertise", "", "API address given to others, if not --api-addr")
-	f.StringVar(&sf.unix, "unix", "", "also serve the API on this Unix socket")
-	f.BoolVar(&sf.bootstrap, "bootstrap", false, "create a new cluster with this node (only if the data dir is empty)")
-	f.StringSliceVar(&sf.join, "join", nil, "API addresses of members to ask for admission (comma-separated)")
-	f.BoolVar(&sf.nonvoter, "nonvoter", false, "join as a non-voting member")
-	f.BoolVar(&sf.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
-	f.StringVar(&sf.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
-	f.BoolVar(&sf.hugePages, "huge-pages", true, hugePagesUsage)
-	f.StringVar(&sf.memoryLimit, "memory-limit", "", "cap on the whole process's memory, file data included; writes get ENOSPC before it, e.g. 1GiB or 4GiB (default: a quarter of RAM or of the memory cgroup's limit)")
-	f.StringVar(&sf.gcHeadroom, "gc-headroom", "256MiB", "heap the Go GC may add past live data before collecting, instead of GOGC's 100% of it; 0 keeps GOGC (docs/operations.md)")
-	f.StringVar(&sf.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
-	f.BoolVar(&sf.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
-	f.BoolVar(&sf.readLease, "read-lease", true, "as leader, answer linearizable reads under a lease instead of a heartbeat round each; set alike on all nodes (docs/protocol.md)")
-	f.BoolVar(&sf.insecure, "insecure", false, "serve the API and Raft in plaintext without authentication (a warning is logged at every start); without it --ca, --cert and --key are required")
-	f.DurationVar(&sf.tlsPoll, "tls-reload-interval", 5*time.Second, "how often to look for changed --ca/--cert/--key files (SIGHUP reloads them at once)")
-	f.StringVar(&sf.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, /livez, /readyz, the status page at / and Go profiles at /debug/pprof/")
-	f.StringVar(&sf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	f.StringVar(&sf.logFormat, "log-format", "text", "log format: text or json")
-	f.StringVar(&sf.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
-	dl, l := server.DefaultLimits(), &sf.limits
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runServer(cmd, args, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.id, "id", "", "node id, unique in the cluster for all time (required)")
+	f.StringVar(&o.data, "data", "", "data directory for the Raft log and snapshots (required unless --ephemeral)")
+	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7101", "address for Raft traffic between nodes")
+	f.StringVar(&o.apiAddr, "api-addr", "127.0.0.1:7001", "address of the gRPC API for clients and nodes")
+	f.StringVar(&o.raftAdvertise, "raft-advertise", "", "Raft address other nodes dial, if not --raft-addr")
+	f.StringVar(&o.apiAdvertise, "api-advertise", "", "API address given to others, if not --api-addr")
+	f.StringVar(&o.unix, "unix", "", "also serve the API on this Unix socket")
+	f.BoolVar(&o.bootstrap, "bootstrap", false, "create a new cluster with this node (only if the data dir is empty)")
+	f.StringSliceVar(&o.join, "join", nil, "API addresses of members to ask for admission (comma-separated)")
+	f.BoolVar(&o.nonvoter, "nonvoter", false, "join as a non-voting member")
+	f.BoolVar(&o.ephemeral, "ephemeral", false, "keep the Raft log and snapshots in memory (survives only minority loss)")
+	f.StringVar(&o.logStore, "log-store", server.LogStoreBolt, "Raft log store: bolt, wal or mem")
+	f.BoolVar(&o.hugePages, "huge-pages", true, hugePagesUsage)
+	f.StringVar(&o.memoryLimit, "memory-limit", "", "cap on the whole process's memory, file data included; writes get ENOSPC before it, e.g. 1GiB or 4GiB (default: a quarter of RAM or of the memory cgroup's limit)")
+	f.StringVar(&o.gcHeadroom, "gc-headroom", "256MiB", "heap the Go GC may add past live data before collecting, instead of GOGC's 100% of it; 0 keeps GOGC (docs/operations.md)")
+	f.StringVar(&o.chunkSize, "chunk-size", "", "block size of a new cluster, e.g. 64KiB (default: the state machine's)")
+	f.BoolVar(&o.wireDedup, "wire-dedup", true, "as leader, send a write's already stored chunks by hash instead of data (docs/dedup.md)")
+	f.BoolVar(&o.readLease, "read-lease", true, "as leader, answer linearizable reads under a lease instead of a heartbeat round each; set alike on all nodes (docs/protocol.md)")
+	f.BoolVar(&o.insecure, "insecure", false, "serve the API and Raft in plaintext without authentication (a warning is logged at every start); without it --ca, --cert and --key are required")
+	f.DurationVar(&o.tlsPoll, "tls-reload-interval", 5*time.Second, "how often to look for changed --ca/--cert/--key files (SIGHUP reloads them at once)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, /livez, /readyz, the status page at / and Go profiles at /debug/pprof/")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&o.raftLogLevel, "raft-log-level", "warn", "level of hashicorp/raft's own logs: trace, debug, info, warn, error, off")
+	dl, l := server.DefaultLimits(), &o.limits
 	f.IntVar(&l.MaxConns, "max-conns", dl.MaxConns, "open API connections; more are closed at once")
 	f.IntVar(&l.MaxConnsPerHost, "max-conns-per-host", dl.MaxConnsPerHost, "open API connections from one remote address")
 	f.IntVar(&l.MaxRaftConns, "max-raft-conns", dl.MaxRaftConns, "open Raft connections")
@@ -87,78 +86,77 @@ func init() {
 	f.Uint32Var(&l.MaxStreams, "max-streams", dl.MaxStreams, "concurrent calls on one API connection")
 	f.DurationVar(&l.HandshakeTimeout, "handshake-timeout", dl.HandshakeTimeout, "time a new connection has for its TLS handshake and gRPC preface")
 	d := server.DefaultRaftTuning()
-	t := &sf.tuning
+	t := &o.tuning
 	f.DurationVar(&t.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft follower timeout before an election")
 	f.DurationVar(&t.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft candidate timeout")
 	f.DurationVar(&t.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "Raft leader lease (<= heartbeat timeout)")
 	f.Uint64Var(&t.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries between snapshots")
 	f.Uint64Var(&t.TrailingLogs, "trailing-logs", d.TrailingLogs, "log entries kept behind a snapshot (< snapshot threshold)")
 	f.DurationVar(&t.SnapshotInterval, "snapshot-interval", d.SnapshotInterval, "how often to check the snapshot threshold")
-	f.Uint64Var(&t.MaxLogBytes, "max-log-bytes", d.MaxLogBytes, "bytes of log entries that trigger a snapshot (a quarter of it stays behind the snapshot)")
+	f.Uint64Var(&t.MaxLogBytes, "max-log-bytes", d.MaxLogBytes, "bytes of log entries that trigger a snapshot (half of it stays behind the snapshot)")
 	f.IntVar(&t.MaxInflightApplies, "max-inflight-applies", d.MaxInflightApplies, "batched log entries the leader keeps in flight")
 	f.IntVar(&t.MaxInflightLargeApplies, "max-inflight-large-applies", d.MaxInflightLargeApplies, "large log entries (big writes) the leader keeps in flight")
 	f.IntVar(&t.MaxAppendEntries, "max-append-entries", d.MaxAppendEntries, "log entries per AppendEntries RPC and per leader disk write")
 	f.IntVar(&t.MaxRPCsInFlight, "max-rpcs-in-flight", d.MaxRPCsInFlight, "AppendEntries in flight per follower; 2 or more pipelines them (hashicorp/raft's pipeline can deadlock: docs/operations.md)")
-	rootCmd.AddCommand(serverCmd)
+	return cmd
 }
 
-func runServer(cmd *cobra.Command, _ []string) error {
-	sf := &serverFlags
-	if sf.id == "" {
+func runServer(cmd *cobra.Command, _ []string, o *serverOptions) error {
+	if o.id == "" {
 		return usageError{errors.New("--id is required")}
 	}
-	if sf.data == "" && !sf.ephemeral {
+	if o.data == "" && !o.ephemeral {
 		return usageError{errors.New("--data is required (or --ephemeral)")}
 	}
-	logger, err := newLogger(sf.logLevel, sf.logFormat)
+	logger, err := newLogger(o.logLevel, o.logFormat)
 	if err != nil {
 		return usageError{err}
 	}
-	limit, err := memoryLimit(sf.memoryLimit)
+	limit, err := memoryLimit(o.memoryLimit)
 	if err != nil {
 		return usageError{fmt.Errorf("--memory-limit: %w", err)}
 	}
-	headroom, err := parseSize(sf.gcHeadroom)
+	headroom, err := parseSize(o.gcHeadroom)
 	if err != nil {
 		return usageError{fmt.Errorf("--gc-headroom: %w", err)}
 	}
-	if sf.hugePages {
+	if o.hugePages {
 		// Without a headroom (GOGC=100) the heap reaches twice the data it holds.
 		reserveHugePages(logger, 2*limit)
 	}
 	defer heapgoal.Start(headroom, heapgoal.DefaultMax, logger).Stop()
 	var chunk uint64
-	if sf.chunkSize != "" {
-		if chunk, err = parseSize(sf.chunkSize); err != nil {
+	if o.chunkSize != "" {
+		if chunk, err = parseSize(o.chunkSize); err != nil {
 			return usageError{fmt.Errorf("--chunk-size: %w", err)}
 		}
 	}
-	sec, err := serverTLS(logger)
+	sec, err := serverTLS(logger, o.insecure)
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := server.Config{
-		ID: sf.id, DataDir: sf.data, RaftAddr: sf.raftAddr, APIAddr: sf.apiAddr,
-		RaftAdvertise: sf.raftAdvertise, APIAdvertise: sf.apiAdvertise, UnixSocket: sf.unix,
-		Bootstrap: sf.bootstrap, Join: sf.join, NonVoter: sf.nonvoter,
-		Ephemeral: sf.ephemeral, LogStore: sf.logStore,
-		MemoryLimit: limit, ProcessMemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !sf.wireDedup, Raft: sf.tuning,
-		DisableReadLease: !sf.readLease, Logger: logger, RaftLogLevel: sf.raftLogLevel, Registerer: reg,
-		TLS: sec, Limits: sf.limits,
+		ID: o.id, DataDir: o.data, RaftAddr: o.raftAddr, APIAddr: o.apiAddr,
+		RaftAdvertise: o.raftAdvertise, APIAdvertise: o.apiAdvertise, UnixSocket: o.unix,
+		Bootstrap: o.bootstrap, Join: o.join, NonVoter: o.nonvoter,
+		Ephemeral: o.ephemeral, LogStore: o.logStore,
+		MemoryLimit: limit, ProcessMemoryLimit: limit, ChunkSize: int(chunk), DisableWireDedup: !o.wireDedup, Raft: o.tuning,
+		DisableReadLease: !o.readLease, Logger: logger, RaftLogLevel: o.raftLogLevel, Registerer: reg,
+		TLS: sec, Limits: o.limits,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if sec != nil {
-		go reloadTLS(ctx, sec, sf.tlsPoll)
+		go reloadTLS(ctx, sec, o.tlsPoll)
 	}
 	// The operator endpoints answer from the start (a joining node may
 	// wait long in server.New); until the node exists it is not ready and
 	// has no page.
 	var running atomic.Pointer[server.Node]
 	var page atomic.Pointer[opsweb.Page]
-	if sf.metricsAddr != "" {
+	if o.metricsAddr != "" {
 		ready := func() error {
 			if n := running.Load(); n != nil {
 				return n.Ready()
@@ -174,16 +172,16 @@ func runServer(cmd *cobra.Command, _ []string) error {
 			http.Error(w, "the node is starting; this page will be here once it runs", http.StatusServiceUnavailable)
 		})
 		h := opsweb.Handler(opsweb.Options{Registry: reg, Ready: ready, Page: pageOrWait})
-		if _, err := opsweb.Serve(ctx, sf.metricsAddr, h, logger); err != nil {
+		if _, err := opsweb.Serve(ctx, o.metricsAddr, h, logger); err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
 	}
 	waiting := false
-	if !sf.bootstrap && len(sf.join) == 0 {
+	if !o.bootstrap && len(o.join) == 0 {
 		has := false
-		if !sf.ephemeral {
-			if has, err = server.HasState(sf.data); err != nil {
-				return fmt.Errorf("inspect %s: %w", sf.data, err)
+		if !o.ephemeral {
+			if has, err = server.HasState(o.data); err != nil {
+				return fmt.Errorf("inspect %s: %w", o.data, err)
 			}
 		}
 		waiting = !has
@@ -193,16 +191,16 @@ func runServer(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	running.Store(node)
-	if sf.metricsAddr != "" {
+	if o.metricsAddr != "" {
 		page.Store(opsweb.NewPage(ctx, node, logger))
 	}
 	if waiting {
 		// A node without state and without --join is a spare: the cluster
 		// adds it (memfs node replace), and Raft then sends it everything.
 		logger.Info("no state, and neither --bootstrap nor --join: waiting to be added by the cluster",
-			"hint", fmt.Sprintf("memfs node replace OLD --with %s@%s,%s", sf.id, node.RaftAddr(), node.APIAddr()))
+			"hint", fmt.Sprintf("memfs node replace OLD --with %s@%s,%s", o.id, node.RaftAddr(), node.APIAddr()))
 	}
-	logger.Info("serving", "id", sf.id, "api_addr", node.APIAddr(), "raft_addr", node.RaftAddr(),
+	logger.Info("serving", "id", o.id, "api_addr", node.APIAddr(), "raft_addr", node.RaftAddr(),
 		"memory_limit", limit)
 	<-ctx.Done()
 	logger.Info("signal received; stopping")
@@ -213,12 +211,12 @@ func runServer(cmd *cobra.Command, _ []string) error {
 
 // serverTLS loads the node's certificate, or returns nil with --insecure
 // after logging the warning an operator must see on every start.
-func serverTLS(log *slog.Logger) (*tlsconf.Source, error) {
+func serverTLS(log *slog.Logger, insecure bool) (*tlsconf.Source, error) {
 	files, err := tlsFiles()
 	if err != nil {
 		return nil, err
 	}
-	if serverFlags.insecure {
+	if insecure {
 		if files.CA != "" {
 			log.Warn("--insecure: ignoring --ca, --cert and --key (or MEMFS_CA, MEMFS_CERT, MEMFS_KEY)")
 		}

@@ -15,42 +15,40 @@ import (
 	pb "github.com/memoryfs/memfs/proto"
 )
 
-var statusJSON bool
-
-var statusCmd = &cobra.Command{
-	Use:   "status",
-	Short: "Show the cluster's leader, nodes and usage",
-	Args:  cobra.NoArgs,
-	RunE: func(cmd *cobra.Command, _ []string) error {
-		ctx, cancel := commandContext()
-		defer cancel()
-		addrs, err := needCluster()
-		if err != nil {
-			return err
-		}
-		// The leader's view: a follower's may show a membership change
-		// that is not committed yet.
-		an, err := adminNet()
-		if err != nil {
-			return err
-		}
-		st, err := replace.ClusterStatus(ctx, an, addrs, timeoutFlag)
-		if err != nil {
-			return err
-		}
-		report := statusreport.New(st)
-		if statusJSON {
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(report)
-		}
-		return printStatus(cmd.OutOrStdout(), report)
-	},
-}
-
-func init() {
-	statusCmd.Flags().BoolVar(&statusJSON, "json", false, "print one JSON object (fields are stable for scripts)")
-	rootCmd.AddCommand(statusCmd)
+func newStatusCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster's leader, nodes and usage",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := commandContext()
+			defer cancel()
+			addrs, err := needCluster()
+			if err != nil {
+				return err
+			}
+			// The leader's view: a follower's may show a membership change
+			// that is not committed yet.
+			an, err := adminNet()
+			if err != nil {
+				return err
+			}
+			st, err := replace.ClusterStatus(ctx, an, addrs, global.timeout)
+			if err != nil {
+				return err
+			}
+			report := statusreport.New(st)
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(report)
+			}
+			return printStatus(cmd.OutOrStdout(), report)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (fields are stable for scripts)")
+	return cmd
 }
 
 // printStatus prints r as the readable table of memfs status.

@@ -18,15 +18,17 @@ import (
 	"github.com/memoryfs/memfs/server/authz"
 )
 
-var tokenFlags struct {
+type tokenOptions struct {
 	role, name, out, path string
 	ttl                   time.Duration
 }
 
-var tokenCmd = &cobra.Command{
-	Use:   "token",
-	Short: "Make, list and revoke bearer tokens (admin)",
-	Long: `A token authenticates a client that has no certificate (--token-file or
+func newTokenCmd() *cobra.Command {
+	o := &tokenOptions{}
+	tokenCmd := &cobra.Command{
+		Use:   "token",
+		Short: "Make, list and revoke bearer tokens (admin)",
+		Long: `A token authenticates a client that has no certificate (--token-file or
 MEMFS_TOKEN_FILE, over TLS only) with the role it was made with. The
 cluster stores only its SHA-256; the text is printed once, by create.
 
@@ -34,25 +36,23 @@ cluster stores only its SHA-256; the text is printed once, by create.
   memfs token create --role write --path /tenants/a --out a.token   # sees /tenants/a as /
   memfs token list
   memfs token revoke ID`,
-}
-
-func init() {
+	}
 	create := &cobra.Command{
 		Use: "create", Short: "Make a token and print it (once)", Args: cobra.NoArgs,
 		RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
-			role, err := authz.ParseRole(tokenFlags.role)
+			role, err := authz.ParseRole(o.role)
 			if err != nil || role == pb.Role_ROLE_NODE {
-				return usageError{fmt.Errorf("--role %q: want read, write or admin", tokenFlags.role)}
+				return usageError{fmt.Errorf("--role %q: want read, write or admin", o.role)}
 			}
-			if tokenFlags.path != "" {
+			if o.path != "" {
 				if role == pb.Role_ROLE_ADMIN {
 					return usageError{errors.New("--path: an admin token cannot be confined (it could make tokens for any path)")}
 				}
-				if err := fsm.CheckRoot(tokenFlags.path); err != nil {
+				if err := fsm.CheckRoot(o.path); err != nil {
 					return usageError{fmt.Errorf("--path: %w", err)}
 				}
 			}
-			if tokenFlags.ttl < 0 {
+			if o.ttl < 0 {
 				return usageError{errors.New("--ttl must not be negative")}
 			}
 			var raw [32]byte
@@ -61,16 +61,16 @@ func init() {
 			}
 			text := "memfs_" + base64.RawURLEncoding.EncodeToString(raw[:])
 			res, err := c.Do(ctx, &pb.Command{Op: &pb.Command_TokenCreate{TokenCreate: &pb.TokenCreateCmd{
-				Hash: authz.TokenHash(text), Role: role, Name: tokenFlags.name, TtlMs: tokenFlags.ttl.Milliseconds(), Path: tokenFlags.path}}})
+				Hash: authz.TokenHash(text), Role: role, Name: o.name, TtlMs: o.ttl.Milliseconds(), Path: o.path}}})
 			if err != nil {
 				return err
 			}
 			tok := res.GetTokens()[0]
-			if tokenFlags.out != "" {
-				if err := os.WriteFile(tokenFlags.out, []byte(text+"\n"), 0o600); err != nil {
+			if o.out != "" {
+				if err := os.WriteFile(o.out, []byte(text+"\n"), 0o600); err != nil {
 					return fmt.Errorf("token %s was made but not written: %w (revoke it)", tok.Id, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "token %s (role %s) written to %s\n", tok.Id, authz.RoleName(tok.Role), tokenFlags.out)
+				fmt.Fprintf(cmd.OutOrStdout(), "token %s (role %s) written to %s\n", tok.Id, authz.RoleName(tok.Role), o.out)
 				return nil
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (role %s); keep it secret, it is not shown again:\n", tok.Id, authz.RoleName(tok.Role))
@@ -79,11 +79,11 @@ func init() {
 		}),
 	}
 	f := create.Flags()
-	f.StringVar(&tokenFlags.role, "role", "", "read, write or admin (required)")
-	f.StringVar(&tokenFlags.name, "name", "", "a note on who or what the token is for")
-	f.DurationVar(&tokenFlags.ttl, "ttl", 0, "lifetime (0: until revoked)")
-	f.StringVar(&tokenFlags.path, "path", "", "confine the token to this directory, which its holder sees as / (read and write roles)")
-	f.StringVar(&tokenFlags.out, "out", "", "write the token to this file (mode 0600) instead of stdout")
+	f.StringVar(&o.role, "role", "", "read, write or admin (required)")
+	f.StringVar(&o.name, "name", "", "a note on who or what the token is for")
+	f.DurationVar(&o.ttl, "ttl", 0, "lifetime (0: until revoked)")
+	f.StringVar(&o.path, "path", "", "confine the token to this directory, which its holder sees as / (read and write roles)")
+	f.StringVar(&o.out, "out", "", "write the token to this file (mode 0600) instead of stdout")
 	_ = create.MarkFlagRequired("role")
 
 	list := &cobra.Command{
@@ -122,5 +122,5 @@ func init() {
 		}),
 	}
 	tokenCmd.AddCommand(create, list, revoke)
-	rootCmd.AddCommand(tokenCmd)
+	return tokenCmd
 }

@@ -18,33 +18,33 @@ import (
 	"github.com/memoryfs/memfs/internal/promstat"
 )
 
-var topFlags struct {
+type topOptions struct {
 	metrics  string
 	interval time.Duration
 }
 
-var topCmd = &cobra.Command{
-	Use:   "top",
-	Short: "A live view of every node: operations/s, p99 latency, lag and memory",
-	Long: `Show every node's operations per second and p99 latency (commands the
+func newTopCmd() *cobra.Command {
+	o := &topOptions{}
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "A live view of every node: operations/s, p99 latency, lag and memory",
+		Long: `Show every node's operations per second and p99 latency (commands the
 leader applied, reads each node answered), its applied index and how far it
 trails the most advanced node, its Raft state, and its memory: stored
 blocks against the limit and the process's resident size. The numbers come
 from the nodes' --metrics-addr (/metrics), read every --interval; rates are
 over the last interval. q or Ctrl-C quits. When standard output is not a
 terminal, one table is printed after one interval, for scripts.`,
-	Args: cobra.NoArgs,
-	RunE: runTop,
-}
-
-func init() {
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runTop(cmd, args, o) },
+	}
 	def := os.Getenv("MEMFS_METRICS")
 	if def == "" {
 		def = "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203" // memfs up's
 	}
-	topCmd.Flags().StringVar(&topFlags.metrics, "metrics", def, "comma-separated --metrics-addr of the nodes (env MEMFS_METRICS)")
-	topCmd.Flags().DurationVar(&topFlags.interval, "interval", 2*time.Second, "how often to read the nodes")
-	rootCmd.AddCommand(topCmd)
+	cmd.Flags().StringVar(&o.metrics, "metrics", def, "comma-separated --metrics-addr of the nodes (env MEMFS_METRICS)")
+	cmd.Flags().DurationVar(&o.interval, "interval", 2*time.Second, "how often to read the nodes")
+	return cmd
 }
 
 // topNode is one node's last two readings.
@@ -183,9 +183,9 @@ func latency(s float64) string {
 	return fmt.Sprintf("%.2fs", s)
 }
 
-func runTop(cmd *cobra.Command, _ []string) error {
+func runTop(cmd *cobra.Command, _ []string, o *topOptions) error {
 	var nodes []*topNode
-	for _, a := range strings.Split(topFlags.metrics, ",") {
+	for _, a := range strings.Split(o.metrics, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			nodes = append(nodes, &topNode{addr: a})
 		}
@@ -193,24 +193,24 @@ func runTop(cmd *cobra.Command, _ []string) error {
 	if len(nodes) == 0 {
 		return usageError{fmt.Errorf("no --metrics addresses")}
 	}
-	if topFlags.interval <= 0 {
+	if o.interval <= 0 {
 		return usageError{fmt.Errorf("--interval must be positive")}
 	}
 	ctx, stop := interruptContext()
 	defer stop()
 	if !progress.IsTerminal(cmd.OutOrStdout()) {
 		// For scripts: one table over one interval.
-		scrapeAll(ctx, nodes, topFlags.interval)
+		scrapeAll(ctx, nodes, o.interval)
 		select {
-		case <-time.After(topFlags.interval):
+		case <-time.After(o.interval):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		scrapeAll(ctx, nodes, topFlags.interval)
+		scrapeAll(ctx, nodes, o.interval)
 		_, err := fmt.Fprint(cmd.OutOrStdout(), renderTop(topRows(nodes)))
 		return err
 	}
-	m := &topModel{ctx: ctx, nodes: nodes, interval: topFlags.interval}
+	m := &topModel{ctx: ctx, nodes: nodes, interval: o.interval}
 	_, err := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx)).Run()
 	if err != nil && ctx.Err() != nil {
 		return nil // Ctrl-C or SIGTERM: a normal end

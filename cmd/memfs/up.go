@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -16,12 +17,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/memoryfs/memfs/client"
+	"github.com/memoryfs/memfs/fuse"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 	"github.com/memoryfs/memfs/server"
 )
 
-var upFlags struct {
+type upOptions struct {
 	nodes       int
 	dir         string
 	basePort    int
@@ -29,13 +31,16 @@ var upFlags struct {
 	memoryLimit string
 	ephemeral   bool
 	insecure    bool
+	mount       string   // also mount the cluster here
 	serverArgs  []string // after "--": passed to every node
 }
 
-var upCmd = &cobra.Command{
-	Use:   "up [-- SERVER_FLAGS...]",
-	Short: "Start a local cluster of node processes on 127.0.0.1",
-	Long: `Start a local cluster: one "memfs server" process per node on 127.0.0.1
+func newUpCmd() *cobra.Command {
+	o := &upOptions{}
+	cmd := &cobra.Command{
+		Use:   "up [-- SERVER_FLAGS...]",
+		Short: "Start a local cluster of node processes on 127.0.0.1",
+		Long: `Start a local cluster: one "memfs server" process per node on 127.0.0.1
 (node i serves the API on base-port+i, Raft on base-port+100+i, and metrics,
 /readyz and the status page on base-port+200+i), wait until every node is
 ready, and print what to try next. Ctrl-C stops every node. Data stays
@@ -46,25 +51,24 @@ the MEMFS_CA, MEMFS_CERT and MEMFS_KEY settings the other commands need.
 --insecure runs them in plaintext without authentication instead.
 Flags after "--" go to every "memfs server", e.g.
   memfs up -- --snapshot-threshold 512 --trailing-logs 256`,
-	Args: func(cmd *cobra.Command, args []string) error {
-		if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
-			return usageError{fmt.Errorf("up takes no arguments, only server flags after \"--\" (got %q)", args[0])}
-		}
-		return nil
-	},
-	RunE: runUp,
-}
-
-func init() {
-	f := upCmd.Flags()
-	f.IntVar(&upFlags.nodes, "nodes", 3, "number of nodes")
-	f.StringVar(&upFlags.dir, "dir", ".memfs-cluster", "directory for the nodes' data and logs")
-	f.IntVar(&upFlags.basePort, "base-port", 7000, "node i listens on base-port+i (API), base-port+100+i (Raft) and base-port+200+i (metrics, status page)")
-	f.StringVar(&upFlags.logStore, "log-store", server.LogStoreBolt, "Raft log store of every node: bolt, wal or mem")
-	f.StringVar(&upFlags.memoryLimit, "memory-limit", "", "memory limit of every node (default: the server's)")
-	f.BoolVar(&upFlags.ephemeral, "ephemeral", false, "keep Raft state in memory (nothing persists)")
-	f.BoolVar(&upFlags.insecure, "insecure", false, "run the nodes in plaintext without authentication (a warning at every start)")
-	rootCmd.AddCommand(upCmd)
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+				return usageError{fmt.Errorf("up takes no arguments, only server flags after \"--\" (got %q)", args[0])}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, args, o) },
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.nodes, "nodes", 3, "number of nodes")
+	f.StringVar(&o.dir, "dir", ".memfs-cluster", "directory for the nodes' data and logs")
+	f.IntVar(&o.basePort, "base-port", 7000, "node i listens on base-port+i (API), base-port+100+i (Raft) and base-port+200+i (metrics, status page)")
+	f.StringVar(&o.logStore, "log-store", server.LogStoreBolt, "Raft log store of every node: bolt, wal or mem")
+	f.StringVar(&o.memoryLimit, "memory-limit", "", "memory limit of every node (default: the server's)")
+	f.BoolVar(&o.ephemeral, "ephemeral", false, "keep Raft state in memory (nothing persists)")
+	f.BoolVar(&o.insecure, "insecure", false, "run the nodes in plaintext without authentication (a warning at every start)")
+	f.StringVar(&o.mount, "mount", "", "also mount the cluster on this directory (FUSE; made if missing), until up stops")
+	return cmd
 }
 
 // upNode is one child process.
@@ -86,6 +90,7 @@ type upCluster struct {
 	CertDir  string
 	Security []client.Option
 
+	opts  *upOptions   // the flags it was planned with
 	exits chan *upNode // each node once, when it exits
 }
 
@@ -98,24 +103,17 @@ func (c *upCluster) APIAddrs() []string {
 	return out
 }
 
-// upHook runs once the cluster has a leader (for example to mount it); the
-// returned stop runs before the nodes are stopped. Other files register
-// hooks, and their flags on upCmd, in init().
-type upHook func(ctx context.Context, c *upCluster) (stop func(), err error)
-
-var upHooks []upHook
-
-func runUp(cmd *cobra.Command, args []string) error {
-	upFlags.serverArgs = args
-	if upFlags.nodes < 1 {
+func runUp(cmd *cobra.Command, args []string, o *upOptions) error {
+	o.serverArgs = args
+	if o.nodes < 1 {
 		return usageError{errors.New("--nodes must be at least 1")}
 	}
-	if upFlags.basePort < 1 || upFlags.basePort+200+upFlags.nodes > 65535 {
-		return usageError{fmt.Errorf("--base-port %d leaves no room for %d nodes", upFlags.basePort, upFlags.nodes)}
+	if o.basePort < 1 || o.basePort+200+o.nodes > 65535 {
+		return usageError{fmt.Errorf("--base-port %d leaves no room for %d nodes", o.basePort, o.nodes)}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c, err := planUp(cmd.OutOrStdout())
+	c, err := planUp(cmd.OutOrStdout(), o)
 	if err != nil {
 		return err
 	}
@@ -130,48 +128,41 @@ func runUp(cmd *cobra.Command, args []string) error {
 		}
 		return err
 	}
-	var stops []func()
-	for _, h := range upHooks {
-		s, err := h(ctx, c)
+	if o.mount != "" {
+		unmount, err := startUpMount(ctx, o.mount, c.APIAddrs(), c.Security, c.Out, filepath.Join(c.Dir, "mount.log"))
 		if err != nil {
 			return err
 		}
-		if s != nil {
-			stops = append(stops, s)
-		}
+		defer unmount()
 	}
 	c.printNext()
-	err = c.wait(ctx)
-	for i := len(stops) - 1; i >= 0; i-- {
-		stops[i]()
-	}
-	return err
+	return c.wait(ctx)
 }
 
 // planUp lays out the nodes and decides who bootstraps: node 1, and only
 // when no node dir holds Raft state yet.
-func planUp(out io.Writer) (*upCluster, error) {
-	dir, err := filepath.Abs(upFlags.dir)
+func planUp(out io.Writer, o *upOptions) (*upCluster, error) {
+	dir, err := filepath.Abs(o.dir)
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	c := &upCluster{Dir: dir, Out: out, exits: make(chan *upNode, upFlags.nodes)}
+	c := &upCluster{Dir: dir, Out: out, opts: o, exits: make(chan *upNode, o.nodes)}
 	var ids []string
-	for i := 1; i <= upFlags.nodes; i++ {
+	for i := 1; i <= o.nodes; i++ {
 		c.Nodes = append(c.Nodes, &upNode{
 			ID:          fmt.Sprintf("n%d", i),
-			APIAddr:     fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+i),
-			RaftAddr:    fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+100+i),
-			MetricsAddr: fmt.Sprintf("127.0.0.1:%d", upFlags.basePort+200+i),
+			APIAddr:     fmt.Sprintf("127.0.0.1:%d", o.basePort+i),
+			RaftAddr:    fmt.Sprintf("127.0.0.1:%d", o.basePort+100+i),
+			MetricsAddr: fmt.Sprintf("127.0.0.1:%d", o.basePort+200+i),
 			DataDir:     filepath.Join(dir, fmt.Sprintf("node%d", i)),
 			LogPath:     filepath.Join(dir, fmt.Sprintf("node%d.log", i)),
 		})
 		ids = append(ids, c.Nodes[i-1].ID)
 	}
-	if upFlags.insecure {
+	if o.insecure {
 		fmt.Fprintln(out, "WARNING: --insecure: the nodes serve plaintext without authentication; anyone who reaches their ports can read and change every file")
 		return c, nil
 	}
@@ -195,12 +186,13 @@ func (c *upCluster) files(name string) tlsconf.Files {
 
 // start launches every node as a child process of this executable.
 func (c *upCluster) start() error {
+	o := c.opts
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	fresh := true
-	if !upFlags.ephemeral {
+	if !o.ephemeral {
 		for _, n := range c.Nodes {
 			has, err := server.HasState(n.DataDir)
 			if err != nil {
@@ -212,11 +204,11 @@ func (c *upCluster) start() error {
 	for i, n := range c.Nodes {
 		args := []string{"server", "--id", n.ID, "--data", n.DataDir,
 			"--raft-addr", n.RaftAddr, "--api-addr", n.APIAddr, "--metrics-addr", n.MetricsAddr,
-			"--log-store", upFlags.logStore}
-		if upFlags.memoryLimit != "" {
-			args = append(args, "--memory-limit", upFlags.memoryLimit)
+			"--log-store", o.logStore}
+		if o.memoryLimit != "" {
+			args = append(args, "--memory-limit", o.memoryLimit)
 		}
-		if upFlags.ephemeral {
+		if o.ephemeral {
 			args = append(args, "--ephemeral")
 		}
 		if c.CertDir == "" {
@@ -231,7 +223,7 @@ func (c *upCluster) start() error {
 			// Ignored by a node that already has state.
 			args = append(args, "--join", strings.Join(others, ","))
 		}
-		args = append(args, upFlags.serverArgs...)
+		args = append(args, o.serverArgs...)
 		if err := n.launch(exe, args, c.exits); err != nil {
 			return err
 		}
@@ -370,4 +362,41 @@ func (c *upCluster) stopAll() {
 			<-n.done
 		}
 	}
+}
+
+// startUpMount mounts the cluster at addrs on dir and returns the function
+// that unmounts it. The mount's log goes to logPath, as each node's does:
+// up's own output is for the person who started it.
+func startUpMount(ctx context.Context, dir string, addrs []string, sec []client.Option, out io.Writer, logPath string) (func(), error) {
+	// The README's first command mounts on ./mnt: made here when missing.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("mount: %w", err)
+	}
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("mount: %w", err)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(logFile, nil)))
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := client.New(sctx, addrs, append(sec, client.WithName("memfs up --mount "+dir), client.WithCaps())...)
+	if err != nil {
+		return nil, fmt.Errorf("mount: connect: %w", err)
+	}
+	m, err := fuse.Mount(sctx, cl, dir, fuse.Options{})
+	if err != nil {
+		_ = cl.Close()
+		return nil, fmt.Errorf("mount: %w", err)
+	}
+	fmt.Fprintf(out, "Mounted the cluster on %s (try: ls -l %s; log %s)\n", m.Dir(), m.Dir(), logPath)
+	gc := tuneMountGC()
+	return func() {
+		defer gc.Stop()
+		uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Unmount(uctx); err != nil {
+			fmt.Fprintf(out, "unmount %s: %v\n", m.Dir(), err)
+		}
+		_ = cl.Close()
+	}, nil
 }

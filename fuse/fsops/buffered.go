@@ -2,7 +2,6 @@ package fsops
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"syscall"
@@ -565,21 +564,8 @@ func (o *ClientOps) syncJournal(ctx context.Context, ino uint64) error {
 	if !o.buffering() {
 		return nil
 	}
-	// The time limit is for a journal that stops moving, not for a long
-	// one: tens of thousands of operations may take longer than one
-	// operation's time to commit, batch after batch.
-	for {
-		_, committed, lost := o.jr.Stats()
-		bctx, cancel := o.bound(ctx)
-		err := o.jr.Sync(bctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		_, nowCommitted, nowLost := o.jr.Stats()
-		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) || nowCommitted+nowLost == committed+lost {
-			return err
-		}
+	if err := o.jr.SyncMoving(ctx, o.opt.OpTimeout); err != nil {
+		return err
 	}
 	if ino != 0 {
 		return o.jr.TakeErr(ino)

@@ -170,7 +170,6 @@ var errNoAttr = errors.New("fsops: the cluster returned no attributes")
 
 // Lookup implements Ops.
 func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a Attr, e syscall.Errno) {
-	defer guard("lookup", &e)
 	if len(name) > maxNameLen {
 		// What the cluster answers, also where a cached listing would
 		// say "absent".
@@ -201,7 +200,6 @@ func (o *ClientOps) Lookup(ctx context.Context, parent uint64, name string) (a A
 
 // GetAttr implements Ops.
 func (o *ClientOps) GetAttr(ctx context.Context, ino uint64) (a Attr, e syscall.Errno) {
-	defer guard("getattr", &e)
 	defer o.fetches.begin(ino)()
 	if a, ok, e := o.heldAttr(ctx, ino); ok || e != 0 {
 		return a, e
@@ -249,7 +247,6 @@ func (o *ClientOps) cachedLookup(ctx context.Context, parent uint64, name string
 // file this mount has open may be held back and committed with the
 // file's writes (see attrbehind.go).
 func (o *ClientOps) SetAttr(ctx context.Context, ino uint64, in SetAttrIn) (a Attr, e syscall.Errno) {
-	defer guard("setattr", &e)
 	if in.SetSize && in.Size > pb.MaxFileSize {
 		// The kernel allows any size below 2^63 on a FUSE mount.
 		return Attr{}, syscall.EFBIG
@@ -312,7 +309,6 @@ func setAttrCmd(ino uint64, in SetAttrIn) *pb.SetAttrCmd {
 // caller's supplementary groups are not known here; with
 // default_permissions the kernel does this check itself and never asks.
 func (o *ClientOps) Access(ctx context.Context, ino uint64, mask uint32, c Caller) (e syscall.Errno) {
-	defer guard("access", &e)
 	a, e := o.GetAttr(ctx, ino)
 	if e != 0 {
 		return e
@@ -359,7 +355,6 @@ func (o *ClientOps) openFlags(flags int) uint32 {
 
 // Open implements Ops.
 func (o *ClientOps) Open(ctx context.Context, ino uint64, flags int, c Caller) (out OpenOut, e syscall.Errno) {
-	defer guard("open", &e)
 	o.barrier(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
@@ -394,7 +389,6 @@ func (o *ClientOps) keepCache(ino uint64) bool {
 
 // Create implements Ops.
 func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flags int, mode uint32, c Caller) (a Attr, out OpenOut, e syscall.Errno) {
-	defer guard("create", &e)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	f := o.openFlags(flags) | syscall.O_CREAT
@@ -448,7 +442,6 @@ func (o *ClientOps) Create(ctx context.Context, parent uint64, name string, flag
 // Mknod implements Ops: a regular file, FIFO, socket or device node in
 // one command. Opening a special file is the kernel's business.
 func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode, rdev uint32, c Caller) (a Attr, e syscall.Errno) {
-	defer guard("mknod", &e)
 	if o.meta.on() {
 		defer o.meta.caps.Expect()()
 	}
@@ -465,7 +458,6 @@ func (o *ClientOps) Mknod(ctx context.Context, parent uint64, name string, mode,
 
 // Read implements Ops.
 func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst []byte) (n int, e syscall.Errno) {
-	defer guard("read", &e)
 	o.barrier(ino)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
@@ -503,7 +495,6 @@ func (o *ClientOps) Read(ctx context.Context, ino, handle uint64, off int64, dst
 // the failure of an earlier background commit is reported here and at
 // close.
 func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, data []byte) (n int, e syscall.Errno) {
-	defer guard("write", &e)
 	f := o.file(handle)
 	if f == nil || !f.append {
 		// The kernel checks writes against 2^63-1 on a FUSE mount, so the
@@ -570,7 +561,6 @@ func (o *ClientOps) Write(ctx context.Context, ino, handle uint64, off int64, da
 // Lseek implements Ops. The cluster answers from the chunks it stores, so
 // what this mount holds of the file is committed first.
 func (o *ClientOps) Lseek(ctx context.Context, ino, _ uint64, off int64, whence int) (pos int64, e syscall.Errno) {
-	defer guard("lseek", &e)
 	var hole bool
 	switch whence {
 	case seekData:
@@ -604,7 +594,6 @@ const (
 // Flush implements Ops: the handle's collected writes are committed, and
 // the first failure among them is returned (to close(2)).
 func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno) {
-	defer guard("flush", &e)
 	f := o.file(handle)
 	if f == nil {
 		return 0
@@ -625,7 +614,6 @@ func (o *ClientOps) Flush(_ context.Context, _, handle uint64) (e syscall.Errno)
 // this mount is committed to a majority of the cluster (and, unless the
 // cluster is ephemeral, in their fsynced logs).
 func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
-	defer guard("fsync", &e)
 	o.barrier(ino)
 	if err := o.syncJournal(context.Background(), ino); err != nil {
 		return client.Errno(err)
@@ -642,7 +630,6 @@ func (o *ClientOps) Fsync(_ context.Context, ino uint64) (e syscall.Errno) {
 
 // Release implements Ops: the last close of the handle.
 func (o *ClientOps) Release(ctx context.Context, ino, handle uint64) (e syscall.Errno) {
-	defer guard("release", &e)
 	o.releaseOFDLocks(ctx, ino, handle)
 	if f := o.file(handle); f != nil {
 		o.drain(f)
@@ -663,7 +650,6 @@ func (o *ClientOps) Release(ctx context.Context, ino, handle uint64) (e syscall.
 
 // ReadDir implements Ops.
 func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e syscall.Errno) {
-	defer guard("readdir", &e)
 	return o.readDir(ctx, ino, false)
 }
 
@@ -672,7 +658,6 @@ func (o *ClientOps) ReadDir(ctx context.Context, ino uint64) (ents []DirEntry, e
 // yet committed (the cluster's size would be older than what the program
 // was told), which the kernel then looks up as usual.
 func (o *ClientOps) ReadDirPlus(ctx context.Context, ino uint64) (ents []DirEntry, e syscall.Errno) {
-	defer guard("readdirplus", &e)
 	return o.readDir(ctx, ino, true)
 }
 
@@ -777,7 +762,6 @@ func (o *ClientOps) created(ctx context.Context, op string, res *pb.Result, pare
 
 // Mkdir implements Ops.
 func (o *ClientOps) Mkdir(ctx context.Context, parent uint64, name string, mode uint32, c Caller) (a Attr, e syscall.Errno) {
-	defer guard("mkdir", &e)
 	o.wantExclusive(ctx, parent)
 	if a, ok, e := o.bufCreate(ctx, parent, name, newKind{mode: syscall.S_IFDIR | mode&0o7777}, c); ok {
 		return a, e
@@ -824,7 +808,6 @@ func (o *ClientOps) sticky(ctx context.Context, parent uint64, name string, c Ca
 
 // Rmdir implements Ops.
 func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Caller) (e syscall.Errno) {
-	defer guard("rmdir", &e)
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
@@ -841,7 +824,6 @@ func (o *ClientOps) Rmdir(ctx context.Context, parent uint64, name string, c Cal
 // Unlink implements Ops. An inode unlinked while open here stays readable
 // through its handles: the cluster keeps it until the last one closes.
 func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Caller) (e syscall.Errno) {
-	defer guard("unlink", &e)
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
@@ -859,7 +841,6 @@ func (o *ClientOps) Unlink(ctx context.Context, parent uint64, name string, c Ca
 
 // Rename implements Ops; the cluster replaces a target atomically.
 func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newParent uint64, newName string, c Caller) (e syscall.Errno) {
-	defer guard("rename", &e)
 	if e = o.sticky(ctx, parent, name, c); e != 0 {
 		return e
 	}
@@ -882,7 +863,6 @@ func (o *ClientOps) Rename(ctx context.Context, parent uint64, name string, newP
 
 // Symlink implements Ops.
 func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target string, c Caller) (a Attr, e syscall.Errno) {
-	defer guard("symlink", &e)
 	o.wantExclusive(ctx, parent)
 	if a, ok, e := o.bufCreate(ctx, parent, name, newKind{mode: syscall.S_IFLNK | 0o777, target: target}, c); ok {
 		return a, e
@@ -903,7 +883,6 @@ func (o *ClientOps) Symlink(ctx context.Context, parent uint64, name, target str
 
 // Readlink implements Ops.
 func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e syscall.Errno) {
-	defer guard("readlink", &e)
 	if t, ok := o.meta.target(ino); ok {
 		return t, 0
 	}
@@ -918,7 +897,6 @@ func (o *ClientOps) Readlink(ctx context.Context, ino uint64) (t string, e sysca
 
 // Link implements Ops.
 func (o *ClientOps) Link(ctx context.Context, ino, newParent uint64, newName string) (a Attr, e syscall.Errno) {
-	defer guard("link", &e)
 	o.barrier(ino)
 	o.wantExclusive(ctx, newParent)
 	if a, ok, e := o.bufLink(ino, newParent, newName); ok {
@@ -960,7 +938,6 @@ func isACL(name string) bool {
 
 // GetXattr implements Ops.
 func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []byte, e syscall.Errno) {
-	defer guard("getxattr", &e)
 	if isACL(name) {
 		return nil, syscall.EOPNOTSUPP
 	}
@@ -982,7 +959,6 @@ func (o *ClientOps) GetXattr(ctx context.Context, ino uint64, name string) (v []
 
 // ListXattr implements Ops.
 func (o *ClientOps) ListXattr(ctx context.Context, ino uint64) (names []string, e syscall.Errno) {
-	defer guard("listxattr", &e)
 	if o.noXattrs.has(ino) || o.meta.noXattrs(ino) {
 		return nil, 0
 	}
@@ -995,7 +971,6 @@ func (o *ClientOps) ListXattr(ctx context.Context, ino uint64) (names []string, 
 
 // SetXattr implements Ops.
 func (o *ClientOps) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flags uint32) (e syscall.Errno) {
-	defer guard("setxattr", &e)
 	if isACL(name) {
 		return syscall.EOPNOTSUPP
 	}
@@ -1008,7 +983,6 @@ func (o *ClientOps) SetXattr(ctx context.Context, ino uint64, name string, value
 
 // RemoveXattr implements Ops.
 func (o *ClientOps) RemoveXattr(ctx context.Context, ino uint64, name string) (e syscall.Errno) {
-	defer guard("removexattr", &e)
 	if isACL(name) {
 		return syscall.EOPNOTSUPP
 	}
@@ -1023,7 +997,6 @@ const unlimitedBytes = 1 << 50
 
 // Statfs implements Ops.
 func (o *ClientOps) Statfs(ctx context.Context) (out StatfsOut, e syscall.Errno) {
-	defer guard("statfs", &e)
 	ctx, cancel := o.bound(ctx)
 	defer cancel()
 	st, err := o.c.Statfs(ctx)

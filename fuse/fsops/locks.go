@@ -118,7 +118,6 @@ func clusterLock(ino uint64, lk Lock) (client.Lock, syscall.Errno) {
 // lk with Type F_UNLCK. The process of a lock held through another mount
 // means nothing on this host: its Pid is 0.
 func (o *ClientOps) GetLk(ctx context.Context, ino, _ uint64, lk Lock) (out Lock, e syscall.Errno) {
-	defer guard("getlk", &e)
 	l, e := clusterLock(ino, lk)
 	if e != 0 {
 		return lk, e
@@ -151,7 +150,6 @@ func (o *ClientOps) GetLk(ctx context.Context, ino, _ uint64, lk Lock) (out Lock
 // it lasts until the lock is granted or ctx is cancelled (the kernel's
 // interrupt, when the process gets a signal), which answers EINTR.
 func (o *ClientOps) SetLk(ctx context.Context, ino, handle uint64, lk Lock, wait bool) (e syscall.Errno) {
-	defer guard("setlk", &e)
 	l, e := clusterLock(ino, lk)
 	if e != 0 {
 		return e
@@ -187,7 +185,6 @@ func (o *ClientOps) SetLk(ctx context.Context, ino, handle uint64, lk Lock, wait
 // the open file (RELEASE). An owner that took no lock through this mount
 // costs nothing.
 func (o *ClientOps) ReleaseLocks(ctx context.Context, ino, owner uint64, flock bool) (e syscall.Errno) {
-	defer guard("unlock", &e)
 	if !o.locks.take(lockKey{ino, owner, flock}) {
 		return 0
 	}

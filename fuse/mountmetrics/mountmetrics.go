@@ -110,11 +110,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // observe records one operation that began at start and answered e.
-func (m *Metrics) observe(op string, start time.Time, e *syscall.Errno) {
+// Observe counts one operation and its answer (an fsops.Observer).
+func (m *Metrics) Observe(op string, start time.Time, e syscall.Errno) {
 	m.ops.WithLabelValues(op).Inc()
 	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if *e != 0 {
-		m.errs.WithLabelValues(op, errnoName(*e)).Inc()
+	if e != 0 {
+		m.errs.WithLabelValues(op, errnoName(e)).Inc()
 	}
 }
 
@@ -134,13 +135,4 @@ var errnoNames = map[syscall.Errno]string{
 	syscall.ENODATA: "ENODATA", syscall.ERANGE: "ERANGE", syscall.EXDEV: "EXDEV", syscall.EINTR: "EINTR",
 	syscall.ENOSYS: "ENOSYS", syscall.EROFS: "EROFS", syscall.EMLINK: "EMLINK", syscall.ELOOP: "ELOOP",
 	syscall.EFBIG: "EFBIG", syscall.ENOTSUP: "ENOTSUP", syscall.ENXIO: "ENXIO",
-}
-
-// Wrap returns ops measured by m. Operations Ops gains later pass
-// through unmeasured until they are added here.
-func (m *Metrics) Wrap(ops fsops.Ops) fsops.Ops { return measured{Ops: ops, m: m} }
-
-type measured struct {
-	fsops.Ops
-	m *Metrics
 }

@@ -21,6 +21,19 @@ import (
 // time that makes the state machine revoke.
 const revokeSlack = 5 * time.Millisecond
 
+// apply commits a checked command: on the leader through submit, which
+// waits through recalls; on a follower by forwarding it to the leader.
+func (n *Node) apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyResponse, error) {
+	if !n.IsLeader() {
+		return forwardUnary(ctx, n, "Apply", req, pb.MemFSClient.Apply)
+	}
+	res, idx, err := n.submit(ctx, req.Command)
+	if err != nil {
+		return nil, n.localErr(ctx, err)
+	}
+	return &pb.ApplyResponse{Result: res, Index: idx}, nil
+}
+
 // submit commits cmd, waiting through recalls until it passes or ctx ends.
 func (n *Node) submit(ctx context.Context, cmd *pb.Command) (*pb.Result, uint64, error) {
 	var start time.Time
