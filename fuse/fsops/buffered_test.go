@@ -411,6 +411,35 @@ func TestCommitEndingDuringStatCounts(t *testing.T) {
 	require.EqualValues(t, cur.Size+100, got.Size, "the extending commit counted in neither read")
 }
 
+// A buffer being sent waits for an overlapping commit still in flight;
+// meanwhile it is in neither the buffer nor the ranges in flight, and a
+// stat must still count it.
+func TestBufferWaitingForOverlapCounts(t *testing.T) {
+	ops, _, _ := newBufOps(t)
+	ctx := context.Background()
+	a, out, cur := writtenBehind(t, ops)
+	f := ops.file(out.Handle)
+	// A commit in flight over the file's last bytes, never answered
+	// until the end of the test.
+	r := f.claim(int64(cur.Size)-100, int64(cur.Size))
+	// A write over those bytes that extends the file, collected; the
+	// drain that sends it waits for the commit above.
+	_, e := ops.Write(ctx, a.Ino, out.Handle, int64(cur.Size)-50, make([]byte, 150))
+	require.Zero(t, e)
+	drained := make(chan struct{})
+	go func() { ops.drain(f); close(drained) }()
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.buf) == 0
+	}, 10*time.Second, time.Millisecond, "the drain never took the buffer")
+	got, ok := ops.writtenAttr(a.Ino)
+	require.True(t, ok)
+	require.EqualValues(t, cur.Size+100, got.Size, "the buffer waiting to be sent did not count")
+	f.release(r)
+	<-drained
+}
+
 // writtenBehind makes /t/f open for writing with data past what the
 // journal carries for a new file (so written behind), committed; cur is
 // its attributes then.

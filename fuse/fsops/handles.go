@@ -33,6 +33,11 @@ type openFile struct {
 	slots   chan struct{}  // one token per commit in flight
 	pending atomic.Int64   // bytes acknowledged but not yet committed
 	ranges  []*flightRange // guarded by mu: the commits in flight
+	// sending is the end of the buffer sendBuffered took and has not yet
+	// claimed a range for (it waits for an overlapping commit or a free
+	// slot meanwhile): in neither buf nor ranges, it must still count in
+	// the size the mount answers (collectedEnd). 0 when none.
+	sending int64 // guarded by mu
 
 	errMu sync.Mutex
 	err   error // guarded by errMu: first background commit failure

@@ -59,6 +59,7 @@ func (o *ClientOps) collectedEnd(ino uint64) uint64 {
 		if len(f.buf) > 0 {
 			end = max(end, f.bufOff+int64(len(f.buf)))
 		}
+		end = max(end, f.sending)
 		for _, r := range f.ranges {
 			end = max(end, r.end)
 		}
@@ -169,6 +170,9 @@ func (o *ClientOps) sendBuffered(f *openFile) {
 	f.mu.Lock()
 	buf, off := f.buf, f.bufOff
 	f.buf = nil
+	if len(buf) > 0 {
+		f.sending = off + int64(len(buf))
+	}
 	f.mu.Unlock()
 	if len(buf) == 0 {
 		f.sendMu.Unlock()
@@ -231,6 +235,7 @@ func (f *openFile) claim(off, end int64) *flightRange {
 		if wait == nil {
 			r := &flightRange{off: off, end: end, done: make(chan struct{})}
 			f.ranges = append(f.ranges, r)
+			f.sending = 0 // now counted by its range
 			f.mu.Unlock()
 			return r
 		}
