@@ -17,42 +17,56 @@ import (
 	"github.com/memoryfs/memfs/internal/progress"
 )
 
-var regionCmd = &cobra.Command{
-	Use:   "region",
-	Short: "Managed memory regions: pull a file into memory, demonstrate a live handoff",
-	Long: `A region keeps a cluster file in a program's memory (package client/region,
+func newRegionCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "region",
+		Short: "Managed memory regions: pull a file into memory, demonstrate a live handoff",
+		Long: `A region keeps a cluster file in a program's memory (package client/region,
 docs/regions.md). These commands are for a look at its rates: "pull" fetches a
 file into a local region, "handoff" moves a region written under load from one
 session to another and checks that no write was lost or reordered.`,
+	}
+	cmd.AddCommand(newRegionPullCmd(), newRegionHandoffCmd())
+	return cmd
 }
 
-var regionPull = struct {
+type regionPullOptions struct {
 	workers int
 	out     string
 	plain   bool
-}{workers: 4}
+}
 
-var regionPullCmd = &cobra.Command{
-	Use:   "pull PATH",
-	Short: "Fetch a file into a local region and report first-byte latency and throughput",
-	Long: `Open PATH as a read-only region (no capability: a holder is not disturbed),
+func newRegionPullCmd() *cobra.Command {
+	o := &regionPullOptions{workers: 4}
+	cmd := &cobra.Command{
+		Use:   "pull PATH",
+		Short: "Fetch a file into a local region and report first-byte latency and throughput",
+		Long: `Open PATH as a read-only region (no capability: a holder is not disturbed),
 read its first byte (fetched at once), then wait for the background pull of the
 rest with --workers fetchers. A progress bar shows on a terminal; the rates go
 to standard output at the end. --out writes the region to a local file.
 --plain reads the file with plain client reads instead (a baseline).`,
-	Args: cobra.ExactArgs(1),
-	RunE: clientRun(runRegionPull),
+		Args: cobra.ExactArgs(1),
+		RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			return o.run(ctx, cmd, c, args)
+		}),
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.workers, "workers", o.workers, "background fetchers")
+	f.StringVarP(&o.out, "out", "o", "", "write what was pulled to this local file")
+	f.BoolVar(&o.plain, "plain", false, "read with plain client reads instead (a baseline)")
+	return cmd
 }
 
-func runRegionPull(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
-	if regionPull.plain {
-		return plainPull(ctx, cmd, c, args[0])
+func (o *regionPullOptions) run(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+	if o.plain {
+		return o.plainPull(ctx, cmd, c, args[0])
 	}
 	start := time.Now()
 	var bar *progress.Bar
 	var mu sync.Mutex
 	var shown int64
-	opts := region.Options{ReadOnly: true, Workers: regionPull.workers, ProgressInterval: 100 * time.Millisecond,
+	opts := region.Options{ReadOnly: true, Workers: o.workers, ProgressInterval: 100 * time.Millisecond,
 		Progress: func(p region.Progress) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -88,8 +102,8 @@ func runRegionPull(ctx context.Context, cmd *cobra.Command, c *client.Client, ar
 	bar.Finish()
 	mu.Unlock()
 	p := r.Progress()
-	if regionPull.out != "" {
-		if err := os.WriteFile(regionPull.out, r.Bytes(), 0o644); err != nil {
+	if o.out != "" {
+		if err := os.WriteFile(o.out, r.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
@@ -101,7 +115,7 @@ func runRegionPull(ctx context.Context, cmd *cobra.Command, c *client.Client, ar
 }
 
 // plainPull is the baseline: the same file through plain client reads.
-func plainPull(ctx context.Context, cmd *cobra.Command, c *client.Client, path string) error {
+func (o *regionPullOptions) plainPull(ctx context.Context, cmd *cobra.Command, c *client.Client, path string) error {
 	start := time.Now()
 	f, err := c.OpenFileContext(ctx, path, os.O_RDONLY, 0)
 	if err != nil {
@@ -122,13 +136,13 @@ func plainPull(ctx context.Context, cmd *cobra.Command, c *client.Client, path s
 		first = time.Since(start)
 	}
 	var out io.Writer = io.Discard
-	if regionPull.out != "" {
-		o, err := os.Create(regionPull.out)
+	if o.out != "" {
+		file, err := os.Create(o.out)
 		if err != nil {
 			return err
 		}
-		defer o.Close()
-		out = o
+		defer file.Close()
+		out = file
 	}
 	n, err := io.CopyBuffer(onlyWriter{out}, io.TeeReader(io.NewSectionReader(f, 0, size), bar), make([]byte, copyBuf))
 	if err != nil {
@@ -159,7 +173,7 @@ func rate(n int64, d time.Duration) string {
 	return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)/d.Seconds())
 }
 
-var regionHandoff = struct {
+type regionHandoffOptions struct {
 	path     string
 	size     byteSize
 	hot      byteSize
@@ -167,13 +181,15 @@ var regionHandoff = struct {
 	rounds   int
 	settle   time.Duration
 	keep     bool
-}{path: "/.region-handoff", size: 64 << 20, hot: 16 << 20, interval: 500 * time.Microsecond, rounds: 1,
-	settle: 200 * time.Millisecond}
+}
 
-var regionHandoffCmd = &cobra.Command{
-	Use:   "handoff",
-	Short: "Hand a region written under load from one session to another and check every write",
-	Long: `A demonstration of a live handoff between two sessions of this process (two
+func newRegionHandoffCmd() *cobra.Command {
+	o := &regionHandoffOptions{path: "/.region-handoff", size: 64 << 20, hot: 16 << 20, interval: 500 * time.Microsecond, rounds: 1,
+		settle: 200 * time.Millisecond}
+	cmd := &cobra.Command{
+		Use:   "handoff",
+		Short: "Hand a region written under load from one session to another and check every write",
+		Long: `A demonstration of a live handoff between two sessions of this process (two
 hosts in a real deployment). An application writes an 8-byte counter into the
 chunks of the first --hot bytes of a --size region, one write every
 --interval. Each round another session leeches the region while the writes go
@@ -191,25 +207,20 @@ fetched again (the chunks that changed after it pulled them), with how it
 learnt which: listed by the handoff, or from every chunk's hash read again. A --path the demo made is removed at the
 end unless --keep; an existing file is used as it is (extended to --size) and
 kept, its first chunks overwritten with counters.`,
-	Args: cobra.NoArgs,
-	RunE: clientRun(runRegionHandoff),
-}
-
-func newRegionCmd() *cobra.Command {
-	f := regionPullCmd.Flags()
-	f.IntVar(&regionPull.workers, "workers", regionPull.workers, "background fetchers")
-	f.StringVarP(&regionPull.out, "out", "o", "", "write what was pulled to this local file")
-	f.BoolVar(&regionPull.plain, "plain", false, "read with plain client reads instead (a baseline)")
-	h := regionHandoffCmd.Flags()
-	h.StringVar(&regionHandoff.path, "path", regionHandoff.path, "cluster file of the region (created, or extended to --size)")
-	h.Var(&regionHandoff.size, "size", "region size")
-	h.Var(&regionHandoff.hot, "hot", "bytes at the start of the region the application writes into")
-	h.DurationVar(&regionHandoff.interval, "interval", regionHandoff.interval, "time between two writes of the application")
-	h.IntVar(&regionHandoff.rounds, "rounds", regionHandoff.rounds, "handoffs, back and forth between the two sessions")
-	h.DurationVar(&regionHandoff.settle, "settle", regionHandoff.settle, "writes on the new holder before the next round")
-	h.BoolVar(&regionHandoff.keep, "keep", false, "keep the file")
-	regionCmd.AddCommand(regionPullCmd, regionHandoffCmd)
-	return regionCmd
+		Args: cobra.NoArgs,
+		RunE: clientRun(func(ctx context.Context, cmd *cobra.Command, c *client.Client, args []string) error {
+			return o.run(ctx, cmd, c, args)
+		}),
+	}
+	h := cmd.Flags()
+	h.StringVar(&o.path, "path", o.path, "cluster file of the region (created, or extended to --size)")
+	h.Var(&o.size, "size", "region size")
+	h.Var(&o.hot, "hot", "bytes at the start of the region the application writes into")
+	h.DurationVar(&o.interval, "interval", o.interval, "time between two writes of the application")
+	h.IntVar(&o.rounds, "rounds", o.rounds, "handoffs, back and forth between the two sessions")
+	h.DurationVar(&o.settle, "settle", o.settle, "writes on the new holder before the next round")
+	h.BoolVar(&o.keep, "keep", false, "keep the file")
+	return cmd
 }
 
 // counterSlots is how many 8-byte counters the application keeps in
@@ -320,9 +331,9 @@ type handoffRound struct {
 	pushed, final, dirty, refetched, leechPulled int64
 }
 
-func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
+func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *client.Client, _ []string) error {
 	out := cmd.OutOrStdout()
-	path, size := regionHandoff.path, int64(regionHandoff.size)
+	path, size := o.path, int64(o.size)
 	hosts := make([]*client.Client, 2)
 	for k := range hosts {
 		h, err := newClient(cmd, client.WithCaps())
@@ -339,7 +350,7 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		return err
 	}
 	defer holder.Close()
-	if !regionHandoff.keep && !existed {
+	if !o.keep && !existed {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 			defer cancel()
@@ -347,10 +358,10 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		}()
 	}
 	cs := holder.ChunkSize()
-	hot := int(min(max(int64(regionHandoff.hot), int64(cs)), holder.Size()) / int64(cs))
+	hot := int(min(max(int64(o.hot), int64(cs)), holder.Size()) / int64(cs))
 	fmt.Fprintf(out, "region %s: %s, chunks of %s; the application writes a counter into %d slots of %d chunks (%s), every %v\n",
-		path, formatBytes(holder.Size()), formatBytes(int64(cs)), hot*counterSlots, hot, formatBytes(int64(hot*cs)), regionHandoff.interval)
-	a := &app{cs: cs, chunks: hot, interval: regionHandoff.interval, r: holder, last: make([]uint64, hot*counterSlots),
+		path, formatBytes(holder.Size()), formatBytes(int64(cs)), hot*counterSlots, hot, formatBytes(int64(hot*cs)), o.interval)
+	a := &app{cs: cs, chunks: hot, interval: o.interval, r: holder, last: make([]uint64, hot*counterSlots),
 		// From the clock, not from 1: a second run on the same file
 		// would write the values the first left in the same slots, and
 		// an unchanged chunk travels not at all.
@@ -362,7 +373,7 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 	defer func() { stopApp(); <-appDone }()
 
 	var rounds []handoffRound
-	for rd := range regionHandoff.rounds {
+	for rd := range o.rounds {
 		to := hosts[(rd+1)%2]
 		var hr handoffRound
 		lstart := time.Now()
@@ -426,7 +437,7 @@ func runRegionHandoff(ctx context.Context, cmd *cobra.Command, c *client.Client,
 		holder = tk.r
 		defer holder.Close()
 		select {
-		case <-time.After(regionHandoff.settle):
+		case <-time.After(o.settle):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
