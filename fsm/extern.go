@@ -80,9 +80,9 @@ type pendingChunk struct {
 // earlier chunk named it), the old state, or later from the source.
 func (rs *restorer) externChunk(d *dec) error {
 	s := rs.s
-	ino, idx := d.u(), d.u()
+	ino, idx := d.uvarint(), d.uvarint()
 	hb := d.take(block.HashSize)
-	size := d.u()
+	size := d.uvarint()
 	if err := d.done(); err != nil {
 		return err
 	}
@@ -206,10 +206,10 @@ func ScanBlocks(r io.Reader, fn func(h block.Hash, size uint64)) error {
 			return sr.checkSum()
 		case recExtern:
 			d := &dec{b: p}
-			d.u()
-			d.u()
+			d.uvarint()
+			d.uvarint()
 			hb := d.take(block.HashSize)
-			size := d.u()
+			size := d.uvarint()
 			if err := d.done(); err != nil {
 				return err
 			}

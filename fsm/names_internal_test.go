@@ -132,13 +132,13 @@ func withParents(t *testing.T, snap []byte, parents map[uint64]uint64) []byte {
 		rest = rest[1+n+int(l):]
 		if kind == recInode {
 			d := &dec{b: payload}
-			ino, gen, size, parent := d.u(), d.u(), d.u(), d.u()
+			ino, gen, size, parent := d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
 			require.NoError(t, d.err)
 			if p, ok := parents[ino]; ok {
 				parent = p
 			}
 			var e enc
-			payload = append(e.u(ino).u(gen).u(size).u(parent).b, d.b...)
+			payload = append(e.uvarint(ino).uvarint(gen).uvarint(size).uvarint(parent).b, d.b...)
 		}
 		out = append(append(append(out, kind), binary.AppendUvarint(nil, uint64(len(payload)))...), payload...)
 	}

@@ -182,7 +182,7 @@ func (rs *restorer) end(p []byte) error {
 		return badSnap("no header")
 	}
 	d := dec{b: p}
-	if n := d.u(); d.done() != nil || n != rs.records {
+	if n := d.uvarint(); d.done() != nil || n != rs.records {
 		return badSnap("end record counts %d records, read %d", n, rs.records)
 	}
 	return nil
@@ -248,9 +248,9 @@ func (rs *restorer) record(kind byte, p []byte, limit uint64) error {
 }
 
 func (rs *restorer) header(d *dec, limit uint64) error {
-	cs := d.u()
-	index, now := d.u(), d.i()
-	nextIno, nextHandle, nextSession, ninodes := d.u(), d.u(), d.u(), d.u()
+	cs := d.uvarint()
+	index, now := d.uvarint(), d.varint()
+	nextIno, nextHandle, nextSession, ninodes := d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
 	if err := d.done(); err != nil {
 		return err
 	}
@@ -273,10 +273,10 @@ func (rs *restorer) header(d *dec, limit uint64) error {
 
 func (rs *restorer) token(d *dec) error {
 	hash := d.bytes()
-	role := d.u()
-	k := &token{role: pb.Role(role), name: d.s(), created: d.i(), expires: d.i()}
+	role := d.uvarint()
+	k := &token{role: pb.Role(role), name: d.str(), created: d.varint(), expires: d.varint()}
 	if d.err == nil && len(d.b) > 0 {
-		k.path = d.s()
+		k.path = d.str()
 	}
 	if err := d.done(); err != nil {
 		return err
@@ -292,18 +292,18 @@ func (rs *restorer) token(d *dec) error {
 }
 
 func (rs *restorer) session(d *dec) error {
-	x := &session{id: d.u(), leaseMs: d.i(), expires: d.i(), client: d.s(), floor: d.u()}
+	x := &session{id: d.uvarint(), leaseMs: d.varint(), expires: d.varint(), client: d.str(), floor: d.uvarint()}
 	if d.err == nil && len(d.b) > 0 { // written before reservations existed: none
-		n := d.u()
+		n := d.uvarint()
 		if n > maxRanges {
 			return badSnap("session %d: %d reservations", x.id, n)
 		}
 		for range n {
-			x.ranges = append(x.ranges, inoRange{next: d.u(), end: d.u(), epoch: d.u()})
+			x.ranges = append(x.ranges, inoRange{next: d.uvarint(), end: d.uvarint(), epoch: d.uvarint()})
 		}
 		hasOwner := d.err == nil && len(d.b) > 0
 		if hasOwner {
-			x.owner = d.s()
+			x.owner = d.str()
 		}
 		// Each part is written only when it has something, so that the
 		// state writes back the same bytes.
@@ -318,8 +318,8 @@ func (rs *restorer) session(d *dec) error {
 }
 
 func (rs *restorer) handle(d *dec) error {
-	h := &handle{id: d.u(), session: d.u(), ino: d.u()}
-	flags, bits := d.u(), d.u()
+	h := &handle{id: d.uvarint(), session: d.uvarint(), ino: d.uvarint()}
+	flags, bits := d.uvarint(), d.uvarint()
 	if err := d.done(); err != nil {
 		return err
 	}
@@ -331,14 +331,14 @@ func (rs *restorer) handle(d *dec) error {
 }
 
 func (rs *restorer) lock(d *dec) error {
-	ino := d.u()
-	l := &xlock{holder: d.u()}
-	n := d.u()
+	ino := d.uvarint()
+	l := &xlock{holder: d.uvarint()}
+	n := d.uvarint()
 	if n > uint64(len(d.b)) {
 		return badSnap("lock on %d: queue of %d", ino, n)
 	}
 	for range n {
-		l.queue = append(l.queue, d.u())
+		l.queue = append(l.queue, d.uvarint())
 	}
 	if err := d.done(); err != nil {
 		return err
@@ -347,11 +347,11 @@ func (rs *restorer) lock(d *dec) error {
 }
 
 func (rs *restorer) capab(d *dec) error {
-	c := &capab{ino: d.u(), session: d.u(), epoch: d.u(), revokeAt: d.i()}
-	flags := d.u()
+	c := &capab{ino: d.uvarint(), session: d.uvarint(), epoch: d.uvarint(), revokeAt: d.varint()}
+	flags := d.uvarint()
 	if flags&capLeech != 0 {
-		c.leecher = d.u()
-		switch ready := d.u(); ready {
+		c.leecher = d.uvarint()
+		switch ready := d.uvarint(); ready {
 		case 0, 1:
 			c.ready = ready == 1
 		default:
@@ -362,14 +362,14 @@ func (rs *restorer) capab(d *dec) error {
 		}
 	}
 	if flags&capReport != 0 {
-		n := d.u()
+		n := d.uvarint()
 		if n > maxChanged || n > uint64(len(d.b)) || flags&capExcl == 0 {
 			return badSnap("capability of session %d on %d: %d changed chunks, flags %#x", c.session, c.ino, n, flags)
 		}
 		c.reported, c.changed = true, make([]uint64, 0, n)
 		prev := uint64(0)
 		for k := range n {
-			delta := d.u()
+			delta := d.uvarint()
 			if k > 0 && delta == 0 || prev+delta < prev {
 				return badSnap("capability of session %d on %d: changed chunks not ascending", c.session, c.ino)
 			}
@@ -379,7 +379,7 @@ func (rs *restorer) capab(d *dec) error {
 	}
 	c.since = c.epoch // absent: the tenure began with this grant
 	if d.err == nil && len(d.b) > 0 {
-		c.since = d.u()
+		c.since = d.uvarint()
 		if c.since >= c.epoch {
 			// Written only when earlier, so the state writes back the same.
 			return badSnap("capability of session %d on %d: tenure from %d, epoch %d", c.session, c.ino, c.since, c.epoch)
@@ -396,23 +396,23 @@ func (rs *restorer) capab(d *dec) error {
 }
 
 func (rs *restorer) fileLocks(d *dec) error {
-	ino := d.u()
+	ino := d.uvarint()
 	fl := &fileLocks{}
 	var err error
 	list := func(waiting bool) []lockRec {
-		n := d.u()
+		n := d.uvarint()
 		if n > maxFileLocks || n > uint64(len(d.b)) {
 			err = badSnap("locks on %d: %d of them", ino, n)
 			return nil
 		}
 		out := make([]lockRec, 0, n)
 		for range n {
-			l := lockRec{session: d.u(), owner: d.u()}
-			flags := d.u()
-			l.start, l.end = d.u(), d.u()
-			pid := d.u()
+			l := lockRec{session: d.uvarint(), owner: d.uvarint()}
+			flags := d.uvarint()
+			l.start, l.end = d.uvarint(), d.uvarint()
+			pid := d.uvarint()
 			if waiting {
-				l.waiter = d.u()
+				l.waiter = d.uvarint()
 			}
 			if flags&^(lockWrite|lockBSD) != 0 || pid > math.MaxUint32 {
 				err = badSnap("lock on %d: flags %#x, pid %d", ino, flags, pid)
@@ -437,7 +437,7 @@ func (rs *restorer) fileLocks(d *dec) error {
 }
 
 func (rs *restorer) dup(d *dec) error {
-	sess, seq := d.u(), d.u()
+	sess, seq := d.uvarint(), d.uvarint()
 	data := d.bytes()
 	if err := d.done(); err != nil {
 		return err
@@ -461,16 +461,16 @@ func (rs *restorer) dup(d *dec) error {
 }
 
 func (rs *restorer) inode(d *dec) error {
-	n := &inode{ino: d.u(), gen: d.u(), size: d.u(), parent: d.u(), atime: d.i(), mtime: d.i(), ctime: d.i()}
-	mode, nlink, uid, gid := d.u(), d.u(), d.u(), d.u()
-	target := d.s()
-	nx := d.u()
+	n := &inode{ino: d.uvarint(), gen: d.uvarint(), size: d.uvarint(), parent: d.uvarint(), atime: d.varint(), mtime: d.varint(), ctime: d.varint()}
+	mode, nlink, uid, gid := d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
+	target := d.str()
+	nx := d.uvarint()
 	if nx > uint64(len(d.b)) {
 		return badSnap("inode %d: %d xattrs", n.ino, nx)
 	}
 	var xs []xattr
 	for range nx {
-		xs = append(xs, xattr{name: d.s(), value: append([]byte{}, d.bytes()...)})
+		xs = append(xs, xattr{name: d.str(), value: append([]byte{}, d.bytes()...)})
 	}
 	if err := d.done(); err != nil {
 		return err
@@ -489,7 +489,7 @@ func (rs *restorer) inode(d *dec) error {
 }
 
 func (rs *restorer) dirent(d *dec) error {
-	parent, ino, typ := d.u(), d.u(), d.u()
+	parent, ino, typ := d.uvarint(), d.uvarint(), d.uvarint()
 	if d.err != nil {
 		return d.err
 	}
@@ -501,7 +501,7 @@ func (rs *restorer) dirent(d *dec) error {
 
 func (rs *restorer) chunk(kind byte, d *dec) error {
 	s := rs.s
-	ino, idx := d.u(), d.u()
+	ino, idx := d.uvarint(), d.uvarint()
 	hb := d.take(block.HashSize)
 	if d.err != nil {
 		return d.err
@@ -554,7 +554,7 @@ type dec struct {
 	err error
 }
 
-func (d *dec) u() uint64 {
+func (d *dec) uvarint() uint64 {
 	if d.err != nil {
 		return 0
 	}
@@ -567,7 +567,7 @@ func (d *dec) u() uint64 {
 	return v
 }
 
-func (d *dec) i() int64 {
+func (d *dec) varint() int64 {
 	if d.err != nil {
 		return 0
 	}
@@ -593,8 +593,8 @@ func (d *dec) take(n uint64) []byte {
 	return v
 }
 
-func (d *dec) bytes() []byte { return d.take(d.u()) }
-func (d *dec) s() string     { return string(d.bytes()) }
+func (d *dec) bytes() []byte { return d.take(d.uvarint()) }
+func (d *dec) str() string   { return string(d.bytes()) }
 
 // done checks that the payload was used up exactly.
 func (d *dec) done() error {

@@ -123,28 +123,28 @@ func (sn *snapshot) write(w io.Writer, sink BlockSink) (int64, error) {
 func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 	s := sn.s
 	var e enc
-	e.u(s.chunkSize).u(s.index).i(s.now).u(s.nextIno).u(s.nextHandle).u(s.nextSession).u(s.ninodes)
+	e.uvarint(s.chunkSize).uvarint(s.index).varint(s.now).uvarint(s.nextIno).uvarint(s.nextHandle).uvarint(s.nextSession).uvarint(s.ninodes)
 	sw.record(recHeader, e.b, nil)
 	s.tokens.root().Walk(func(_ []byte, k *token) bool {
-		e.reset().bytes(k.hash[:]).u(uint64(k.role)).s(k.name).i(k.created).i(k.expires)
+		e.reset().bytes(k.hash[:]).uvarint(uint64(k.role)).str(k.name).varint(k.created).varint(k.expires)
 		if k.path != "" {
-			e.s(k.path) // absent when empty: what earlier versions wrote
+			e.str(k.path) // absent when empty: what earlier versions wrote
 		}
 		sw.record(recToken, e.b, nil)
 		return sw.err != nil
 	})
 	s.sessions.root().Walk(func(_ []byte, x *session) bool {
-		e.reset().u(x.id).i(x.leaseMs).i(x.expires).s(x.client).u(x.floor)
+		e.reset().uvarint(x.id).varint(x.leaseMs).varint(x.expires).str(x.client).uvarint(x.floor)
 		if len(x.ranges) > 0 || x.owner != "" {
 			// Absent when empty, so a state without reservations or
 			// owners writes what earlier versions wrote.
-			e.u(uint64(len(x.ranges)))
+			e.uvarint(uint64(len(x.ranges)))
 			for _, r := range x.ranges {
-				e.u(r.next).u(r.end).u(r.epoch)
+				e.uvarint(r.next).uvarint(r.end).uvarint(r.epoch)
 			}
 		}
 		if x.owner != "" {
-			e.s(x.owner)
+			e.str(x.owner)
 		}
 		sw.record(recSession, e.b, nil)
 		return sw.err != nil
@@ -157,13 +157,13 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		if h.granted {
 			bits |= 2
 		}
-		sw.record(recHandle, e.reset().u(h.id).u(h.session).u(h.ino).u(uint64(h.flags)).u(bits).b, nil)
+		sw.record(recHandle, e.reset().uvarint(h.id).uvarint(h.session).uvarint(h.ino).uvarint(uint64(h.flags)).uvarint(bits).b, nil)
 		return sw.err != nil
 	})
 	s.locks.root().Walk(func(k []byte, l *xlock) bool {
-		e.reset().u(be.Uint64(k)).u(l.holder).u(uint64(len(l.queue)))
+		e.reset().uvarint(be.Uint64(k)).uvarint(l.holder).uvarint(uint64(len(l.queue)))
 		for _, id := range l.queue {
-			e.u(id)
+			e.uvarint(id)
 		}
 		sw.record(recLock, e.b, nil)
 		return sw.err != nil
@@ -179,38 +179,38 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		if c.reported {
 			flags |= capReport
 		}
-		e.reset().u(c.ino).u(c.session).u(c.epoch).i(c.revokeAt).u(flags)
+		e.reset().uvarint(c.ino).uvarint(c.session).uvarint(c.epoch).varint(c.revokeAt).uvarint(flags)
 		if c.leecher != 0 {
 			ready := uint64(0)
 			if c.ready {
 				ready = 1
 			}
-			e.u(c.leecher).u(ready)
+			e.uvarint(c.leecher).uvarint(ready)
 		}
 		if c.reported {
-			e.u(uint64(len(c.changed)))
+			e.uvarint(uint64(len(c.changed)))
 			prev := uint64(0)
 			for _, i := range c.changed {
-				e.u(i - prev)
+				e.uvarint(i - prev)
 				prev = i
 			}
 		}
 		if c.since != c.epoch {
 			// Absent when the tenure began with this grant, so a state
 			// without re-grants writes what earlier versions wrote.
-			e.u(c.since)
+			e.uvarint(c.since)
 		}
 		sw.record(recCap, e.b, nil)
 		return sw.err != nil
 	})
 	s.rlocks.root().Walk(func(k []byte, fl *fileLocks) bool {
-		e.reset().u(be.Uint64(k)).u(uint64(len(fl.held)))
+		e.reset().uvarint(be.Uint64(k)).uvarint(uint64(len(fl.held)))
 		for _, l := range fl.held {
 			encodeLock(&e, &l)
 		}
-		e.u(uint64(len(fl.waiting)))
+		e.uvarint(uint64(len(fl.waiting)))
 		for _, l := range fl.waiting {
-			encodeLock(&e, &l).u(l.waiter)
+			encodeLock(&e, &l).uvarint(l.waiter)
 		}
 		sw.record(recFLocks, e.b, nil)
 		return sw.err != nil
@@ -223,7 +223,7 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 				sw.err = err
 				return true
 			}
-			sw.record(recDup, e.reset().u(x.id).u(d.seq).bytes(data).b, nil)
+			sw.record(recDup, e.reset().uvarint(x.id).uvarint(d.seq).bytes(data).b, nil)
 		}
 		return sw.err != nil
 	})
@@ -232,16 +232,16 @@ func (sn *snapshot) records(sw *snapWriter, sink BlockSink) {
 		return sw.err != nil
 	})
 	s.dirents.root().Walk(func(k []byte, d dent) bool {
-		sw.record(recDirent, e.reset().u(be.Uint64(k)).u(d.ino).u(uint64(d.typ)).b, k[8:])
+		sw.record(recDirent, e.reset().uvarint(be.Uint64(k)).uvarint(d.ino).uvarint(uint64(d.typ)).b, k[8:])
 		return sw.err != nil
 	})
 	written := make(map[block.Hash]struct{})
 	s.chunks.root().Walk(func(k []byte, b *block.Block) bool {
 		h := b.Hash()
-		e.reset().u(be.Uint64(k)).u(be.Uint64(k[8:]))
+		e.reset().uvarint(be.Uint64(k)).uvarint(be.Uint64(k[8:]))
 		e.b = append(e.b, h[:]...)
 		if sink != nil {
-			sw.extern(sink, written, e.u(uint64(b.Len())).b, b)
+			sw.extern(sink, written, e.uvarint(uint64(b.Len())).b, b)
 			return sw.err != nil
 		}
 		if _, ok := written[h]; ok {
@@ -261,11 +261,11 @@ func encodeInode(e *enc, n *inode) *enc {
 	if !n.isDir() {
 		parent = 0 // derived from the entries (names.go)
 	}
-	e.u(n.ino).u(n.gen).u(n.size).u(parent).i(n.atime).i(n.mtime).i(n.ctime)
-	e.u(uint64(n.mode)).u(uint64(n.nlink)).u(uint64(n.uid)).u(uint64(n.gid))
-	e.s(n.target()).u(uint64(len(n.xattrs())))
+	e.uvarint(n.ino).uvarint(n.gen).uvarint(n.size).uvarint(parent).varint(n.atime).varint(n.mtime).varint(n.ctime)
+	e.uvarint(uint64(n.mode)).uvarint(uint64(n.nlink)).uvarint(uint64(n.uid)).uvarint(uint64(n.gid))
+	e.str(n.target()).uvarint(uint64(len(n.xattrs())))
 	for _, a := range n.xattrs() {
-		e.s(a.name).bytes(a.value)
+		e.str(a.name).bytes(a.value)
 	}
 	return e
 }
@@ -278,17 +278,17 @@ func encodeLock(e *enc, l *lockRec) *enc {
 	if l.bsd {
 		flags |= lockBSD
 	}
-	return e.u(l.session).u(l.owner).u(flags).u(l.start).u(l.end).u(uint64(l.pid))
+	return e.uvarint(l.session).uvarint(l.owner).uvarint(flags).uvarint(l.start).uvarint(l.end).uvarint(uint64(l.pid))
 }
 
 // enc appends the snapshot's field encodings.
 type enc struct{ b []byte }
 
-func (e *enc) reset() *enc         { e.b = e.b[:0]; return e }
-func (e *enc) u(v uint64) *enc     { e.b = binary.AppendUvarint(e.b, v); return e }
-func (e *enc) i(v int64) *enc      { e.b = binary.AppendVarint(e.b, v); return e }
-func (e *enc) s(v string) *enc     { e.u(uint64(len(v))); e.b = append(e.b, v...); return e }
-func (e *enc) bytes(v []byte) *enc { e.u(uint64(len(v))); e.b = append(e.b, v...); return e }
+func (e *enc) reset() *enc           { e.b = e.b[:0]; return e }
+func (e *enc) uvarint(v uint64) *enc { e.b = binary.AppendUvarint(e.b, v); return e }
+func (e *enc) varint(v int64) *enc   { e.b = binary.AppendVarint(e.b, v); return e }
+func (e *enc) str(v string) *enc     { e.uvarint(uint64(len(v))); e.b = append(e.b, v...); return e }
+func (e *enc) bytes(v []byte) *enc   { e.uvarint(uint64(len(v))); e.b = append(e.b, v...); return e }
 
 // snapWriter buffers, counts and checksums the stream; the first error
 // sticks and stops further writes.

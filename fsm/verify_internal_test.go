@@ -127,9 +127,9 @@ func TestRestoreCapabilityTenure(t *testing.T) {
 
 	capRecord := func(since uint64) []byte {
 		var e enc
-		e.u(2).u(1).u(5).i(0).u(capExcl)
+		e.uvarint(2).uvarint(1).uvarint(5).varint(0).uvarint(capExcl)
 		if since != 0 {
-			e.u(since)
+			e.uvarint(since)
 		}
 		return e.b
 	}
