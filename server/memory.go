@@ -37,9 +37,9 @@ func ReadProcessMemory() ProcessMemory {
 	if len(f) < 3 {
 		return m
 	}
-	res, err1 := strconv.ParseUint(string(f[1]), 10, 64)
-	shared, err2 := strconv.ParseUint(string(f[2]), 10, 64)
-	if err1 != nil || err2 != nil {
+	res, resErr := strconv.ParseUint(string(f[1]), 10, 64)
+	shared, sharedErr := strconv.ParseUint(string(f[2]), 10, 64)
+	if resErr != nil || sharedErr != nil {
 		return m
 	}
 	m.RSS = res * statmPage

@@ -157,9 +157,9 @@ func anonRanges(maps []byte) []addrRange {
 		if !ok {
 			continue
 		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || end < start || end-start < hugePage {
+		start, startErr := strconv.ParseUint(lo, 16, 64)
+		end, endErr := strconv.ParseUint(hi, 16, 64)
+		if startErr != nil || endErr != nil || end < start || end-start < hugePage {
 			continue
 		}
 		out = append(out, addrRange{uintptr(start), uintptr(end)})
