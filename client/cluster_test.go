@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -90,6 +91,16 @@ func TestFileAPI(t *testing.T) {
 	data, err := cl.ReadFile("/a/b/c/file")
 	require.NoError(t, err)
 	require.Equal(t, "hello", string(data))
+	// A small file costs no buffer of a whole message (1 MiB) per read:
+	// 16 reads allocate far less than one such buffer each.
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 16 {
+		_, err = cl.ReadFile("/a/b/c/file")
+		require.NoError(t, err)
+	}
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8*pb.MaxMessageData), "bytes allocated by 16 reads of 5 bytes")
 
 	// Metadata operations.
 	require.NoError(t, cl.Chmod("/a/b/c/file", 0o600))

@@ -285,20 +285,30 @@ func (k *core) read(ctx context.Context, r *pb.ReadQuery, p []byte) (int, error)
 }
 
 func (k *core) readOnce(ctx context.Context, q *pb.ReadQuery, p []byte) (int, bool, error) {
-	res, err := k.query(ctx, &pb.Query{Q: &pb.Query_Read{Read: q}}, callOpts{op: "read"})
+	data, eof, err := k.readData(ctx, q) // q.Length is len(p)
 	if err != nil {
 		return 0, false, err
 	}
-	if res.GetErrno() != 0 {
-		return 0, false, errnoErr(res)
+	return copy(p, data), eof, nil
+}
+
+// readData is one Query read of at most q.Length bytes; it returns the
+// answer's own bytes, so that a caller without a buffer of its own makes
+// none.
+func (k *core) readData(ctx context.Context, q *pb.ReadQuery) ([]byte, bool, error) {
+	res, err := k.query(ctx, &pb.Query{Q: &pb.Query_Read{Read: q}}, callOpts{op: "read"})
+	if err != nil {
+		return nil, false, err
 	}
-	if len(res.GetData()) > len(p) {
-		return 0, false, errors.New("node sent more read data than asked for")
+	if res.GetErrno() != 0 {
+		return nil, false, errnoErr(res)
+	}
+	if int64(len(res.GetData())) > q.Length {
+		return nil, false, errors.New("node sent more read data than asked for")
 	}
 	// A node may answer a long read short (it caps what one reply
 	// carries); only eof says the file ended.
-	n := copy(p, res.GetData())
-	return n, res.GetEof(), nil
+	return res.GetData(), res.GetEof(), nil
 }
 
 // readStream reads p through the Read RPC. A stream that breaks is resumed

@@ -306,8 +306,10 @@ func (c *Client) ReadFile(name string) ([]byte, error) {
 
 func (c *Client) readFile(ctx context.Context, op, name string) ([]byte, error) {
 	loc := &pb.Loc{Path: clean(name)}
-	buf := make([]byte, pb.MaxMessageData)
-	n, eof, err := c.k.readOnce(ctx, &pb.ReadQuery{Loc: loc, Length: int64(len(buf))}, buf)
+	// The first answer's bytes are the result when they are the whole
+	// file: a small file costs no buffer of MaxMessageData.
+	buf, eof, err := c.k.readData(ctx, &pb.ReadQuery{Loc: loc, Length: pb.MaxMessageData})
+	n := len(buf)
 	for err == nil && !eof {
 		// Larger than one message: size the buffer from the file and read
 		// the rest in as few streams as possible.
