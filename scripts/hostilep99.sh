@@ -4,8 +4,8 @@
 # (docs/security.md, "The hostile-client suite"). Runs TestHostileClients
 # with more timed operations than the fault suite does and fails a run
 # whose ratio is above the goal. The attackers run on the same machine as
-# the three nodes, so the figure means something only on a machine with
-# nothing else running.
+# the three nodes (in a process of their own at nice 19), so the figure
+# means something only on a machine with nothing else running.
 #
 #   scripts/hostilep99.sh [runs] [ops]
 #

@@ -151,6 +151,10 @@ type Limits struct {
 	// MaxRaftConns and MaxRaftConnsPerHost do the same on the Raft port,
 	// where only the other nodes belong.
 	MaxRaftConns, MaxRaftConnsPerHost int
+	// NewConnsPerHost caps the new connections a second from one remote
+	// address on each port (API and Raft), with a burst of as many; past
+	// it a new connection is closed at once, before its TLS handshake.
+	NewConnsPerHost int
 	// MaxStreams caps the concurrent calls on one API connection.
 	MaxStreams uint32
 	// HandshakeTimeout bounds a new connection's TLS handshake (API and
@@ -163,7 +167,7 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		MaxConns: 16384, MaxConnsPerHost: 4096,
-		MaxRaftConns: 512, MaxRaftConnsPerHost: 64,
+		MaxRaftConns: 512, MaxRaftConnsPerHost: 64, NewConnsPerHost: 64,
 		MaxStreams: 1024, HandshakeTimeout: 10 * time.Second,
 	}
 }
@@ -174,6 +178,7 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxConnsPerHost, d.MaxConnsPerHost)
 	orDefault(&l.MaxRaftConns, d.MaxRaftConns)
 	orDefault(&l.MaxRaftConnsPerHost, d.MaxRaftConnsPerHost)
+	orDefault(&l.NewConnsPerHost, d.NewConnsPerHost)
 	orDefault(&l.MaxStreams, d.MaxStreams)
 	orDefault(&l.HandshakeTimeout, d.HandshakeTimeout)
 	return l

@@ -44,3 +44,35 @@ func TestConnectionLimits(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 50*time.Millisecond)
 }
+
+func TestNewConnectionRatePerHost(t *testing.T) {
+	c := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+		cfg.Limits.NewConnsPerHost = 5
+	}))
+	addr := c.Node(0).APIAddr()
+	// Another loopback address is another host: a flood from it is cut
+	// at its burst, closed before any handshake.
+	flood := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	var conns, kept []net.Conn
+	for range 20 {
+		conn, err := flood.Dial("tcp", addr)
+		require.NoError(t, err)
+		conns = append(conns, conn)
+	}
+	closed := 0
+	for _, conn := range conns {
+		if server.ClosedWithin(conn, 100*time.Millisecond) {
+			closed++
+		} else {
+			kept = append(kept, conn)
+		}
+	}
+	for _, conn := range kept {
+		_ = conn.Close()
+	}
+	require.GreaterOrEqual(t, closed, 10, "connections from the flooding host closed at once")
+	require.LessOrEqual(t, len(kept), 10, "connections from the flooding host kept")
+	// Its clients on other hosts are served all the while.
+	_, err := c.Client(addr).Status(context.Background(), &pb.StatusRequest{Version: pb.Version})
+	require.NoError(t, err)
+}

@@ -200,7 +200,7 @@ func (n *Node) listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on api address: %w", err)
 	}
-	n.apiLis = newLimitListener(lis, n.cfg.Limits.MaxConns, n.cfg.Limits.MaxConnsPerHost)
+	n.apiLis = newLimitListener(lis, n.cfg.Limits.MaxConns, n.cfg.Limits.MaxConnsPerHost, n.cfg.Limits.NewConnsPerHost)
 	n.apiAddr = lis.Addr().String()
 	if n.cfg.APIAdvertise != "" {
 		n.apiAddr = n.cfg.APIAdvertise
@@ -238,7 +238,7 @@ func (n *Node) openTransport() error {
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", n.cfg.RaftAddr, err)
 	}
-	counting.lis = newLimitListener(counting.lis, n.cfg.Limits.MaxRaftConns, n.cfg.Limits.MaxRaftConnsPerHost)
+	counting.lis = newLimitListener(counting.lis, n.cfg.Limits.MaxRaftConns, n.cfg.Limits.MaxRaftConnsPerHost, n.cfg.Limits.NewConnsPerHost)
 	var stream raft.StreamLayer = counting
 	if n.cfg.TLS != nil {
 		stream = newTLSStream(counting, n.cfg.TLS, n.cfg.Limits.HandshakeTimeout, n.log)

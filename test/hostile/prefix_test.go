@@ -30,32 +30,61 @@ type prefixAttacker struct {
 	realIn uint64 // the real number of its own directory
 }
 
+// malloryToken is the confined token's text.
+const malloryToken = "mallory's confined token"
+
+// newPrefixAttacker makes mallory's directory and token with admin and
+// dials the attacker in this process.
 func newPrefixAttacker(t *testing.T, c *server.Cluster, admin *client.Client) *prefixAttacker {
+	t.Helper()
+	realIn := confineMallory(t, c, admin)
+	a, err := dialPrefixAttacker(context.Background(), c.APIAddrs(), c.CertFiles("admin").CA, realIn, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.cl.Close() })
+	return a
+}
+
+// confineMallory makes /tenants/mallory and a write token confined to it,
+// waits until every node knows the token, and returns the directory's
+// inode number.
+func confineMallory(t *testing.T, c *server.Cluster, admin *client.Client) uint64 {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, admin.MkdirAll("/tenants/mallory", 0o755))
-	const text = "mallory's confined token"
 	_, err := admin.Do(ctx, &pb.Command{Op: &pb.Command_TokenCreate{TokenCreate: &pb.TokenCreateCmd{
-		Hash: authz.TokenHash(text), Role: pb.Role_ROLE_WRITE, Path: "/tenants/mallory"}}})
+		Hash: authz.TokenHash(malloryToken), Role: pb.Role_ROLE_WRITE, Path: "/tenants/mallory"}}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		for _, n := range c.Nodes() {
-			if n.FSM().Token(authz.TokenHash(text)) == nil {
+			if n.FSM().Token(authz.TokenHash(malloryToken)) == nil {
 				return false
 			}
 		}
 		return true
 	}, 30*time.Second, 20*time.Millisecond)
-	caOnly, err := tlsconf.Load(tlsconf.Files{CA: c.CertFiles("admin").CA}, nil)
-	require.NoError(t, err)
-	cl, err := client.New(ctx, c.APIAddrs(), client.WithTLS(caOnly.ClientConfig()), client.WithToken(text),
-		client.WithRetryTimeout(10*time.Second))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cl.Close() })
-	require.NoError(t, cl.WriteFile("/mine", []byte("mallory's"), 0o644))
 	st, err := admin.Query(ctx, &pb.Query{Q: &pb.Query_Stat{Stat: &pb.StatQuery{Loc: &pb.Loc{Path: "/tenants/mallory"}}}})
 	require.NoError(t, err)
-	return &prefixAttacker{cl: cl, maxIno: st.Attr.Ino + 512, realIn: st.Attr.Ino}
+	return st.Attr.Ino
+}
+
+// dialPrefixAttacker connects with mallory's token (trusting the CA in
+// caFile, through dial or the default dialer) and writes its /mine;
+// realIn is its directory's inode number.
+func dialPrefixAttacker(ctx context.Context, addrs []string, caFile string, realIn uint64, dial client.Dialer) (*prefixAttacker, error) {
+	caOnly, err := tlsconf.Load(tlsconf.Files{CA: caFile}, nil)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := client.New(ctx, addrs, client.WithTLS(caOnly.ClientConfig()), client.WithToken(malloryToken),
+		client.WithRetryTimeout(10*time.Second), client.WithDialer(dial))
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.WriteFile("/mine", []byte("mallory's"), 0o644); err != nil {
+		_ = cl.Close()
+		return nil, err
+	}
+	return &prefixAttacker{cl: cl, maxIno: realIn + 512, realIn: realIn}, nil
 }
 
 // allowed says whether err is what a refused or fruitless attempt gets.
