@@ -209,9 +209,7 @@ func (r *Region) Finalize(ctx context.Context) (HandoffStats, error) {
 	// Forget it here; the release names an epoch the cluster no longer
 	// has, and changes nothing.
 	r.c.Caps().Release(r.ino)
-	r.mu.Lock()
 	r.freeMem()
-	r.mu.Unlock()
 	return hs, nil
 }
 
@@ -284,8 +282,11 @@ type Leecher struct {
 
 // TakeStats describe how a Take learnt what changed since the pull.
 type TakeStats struct {
-	Reported bool // the handoff listed the changed chunks (else every hash was read again)
-	Changed  int  // chunks dropped to be fetched again
+	Reported bool      // the handoff listed the changed chunks (else every hash was read again)
+	Changed  int       // chunks dropped to be fetched again
+	Seen     time.Time // when the answer that gave this session the region came
+	Trusted  time.Time // when the capability could be trusted
+	Ready    time.Time // when Take returned the region
 }
 
 // Leech registers c's session as the leecher of path's region and pulls
@@ -371,9 +372,7 @@ func (l *Leecher) Cancel() {
 	_, _ = l.r.c.Do(ctx, &pb.Command{Op: &pb.Command_Leech{Leech: &pb.LeechCmd{Ino: l.r.ino, Cancel: true}}})
 	l.expect()
 	l.r.shutdown(stateClosed)
-	l.r.mu.Lock()
 	l.r.freeMem()
-	l.r.mu.Unlock()
 }
 
 // Take waits until the holder hands the capability over (Finalize), or
@@ -387,6 +386,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	var last *pb.RegionState
 	var noHolder time.Time     // since when no session holds the file
 	var report *pb.RegionState // the answer that showed the handoff, with its list
+	var seen time.Time
 	for {
 		wait := pollWait
 		if !noHolder.IsZero() {
@@ -399,7 +399,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 		if st == nil {
 			continue // the first poll ran out
 		}
-		last = st
+		last, seen = st, time.Now()
 		if st.Holder != 0 {
 			noHolder = time.Time{}
 		} else if noHolder.IsZero() {
@@ -440,6 +440,7 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	if !caps.WaitTrusted(ctx, time.Minute) {
 		return nil, fmt.Errorf("region %s: capability not trusted: %w", r.path, syscall.ETIMEDOUT)
 	}
+	trusted := time.Now()
 	epoch, ok := caps.ExclusiveEpoch(r.ino)
 	if !ok {
 		return nil, fmt.Errorf("region %s: capability lost at once: %w", r.path, syscall.EAGAIN)
@@ -461,5 +462,6 @@ func (l *Leecher) Take(ctx context.Context) (*Region, error) {
 	r.notify()
 	r.mu.Unlock()
 	r.startWriter()
+	l.taken.Seen, l.taken.Trusted, l.taken.Ready = seen, trusted, time.Now()
 	return r, nil
 }

@@ -322,8 +322,6 @@ func (r *Region) Close() error {
 	if r.opts.Progress != nil {
 		r.opts.Progress(r.Progress())
 	}
-	r.mu.Lock()
 	r.freeMem()
-	r.mu.Unlock()
 	return err
 }

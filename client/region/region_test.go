@@ -297,6 +297,52 @@ func TestHandoff(t *testing.T) {
 	require.Equal(t, "B's turn", string(got[:8]))
 }
 
+// TestWriterLearnsHandoffAtOnce: a write on the old holder returns
+// ErrHandedOff at once while the holder gives its memory back (tens of
+// milliseconds for a large region, which the application's pause would
+// count if the write waited for it).
+func TestWriterLearnsHandoffAtOnce(t *testing.T) {
+	cl := server.StartCluster(t, 3)
+	plain := connect(t, cl)
+	require.NoError(t, plain.WriteFile("/f", pattern(8<<16, 3), 0o644))
+	a := open(t, connect(t, cl, client.WithCaps()), "/f", region.Options{})
+	bc := connect(t, cl, client.WithCaps())
+	l, err := region.Leech(t.Context(), bc, "/f", region.Options{})
+	require.NoError(t, err)
+	require.NoError(t, l.Ready(t.Context()))
+	_, err = a.WaitLeecher(t.Context(), true)
+	require.NoError(t, err)
+
+	var whileFreeing error
+	var once sync.Once // the old holder's memory; not the new one's at cleanup
+	region.SetBeforeUnmap(t, func() {
+		once.Do(func() {
+			wrote := make(chan error, 1)
+			go func() {
+				_, err := a.WriteAt([]byte("late"), 0)
+				wrote <- err
+			}()
+			select {
+			case whileFreeing = <-wrote:
+			case <-time.After(10 * time.Second):
+				whileFreeing = errors.New("a write waited for the holder to free its memory")
+			}
+		})
+	})
+	var b *region.Region
+	took := make(chan error, 1)
+	go func() {
+		var err error
+		b, err = l.Take(t.Context())
+		took <- err
+	}()
+	_, err = a.Finalize(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, <-took)
+	t.Cleanup(func() { _ = b.Close() })
+	require.ErrorIs(t, whileFreeing, region.ErrHandedOff)
+}
+
 // TestHandoffCarriesLastWrites: what the holder wrote and had not pushed
 // at the freeze travels in the handoff command itself, only the bytes
 // written, and the new holder reads it.
@@ -378,7 +424,10 @@ func TestHandoffReportsChanged(t *testing.T) {
 	<-took
 	require.NoError(t, takeErr)
 	t.Cleanup(func() { _ = b.Close() })
-	require.Equal(t, region.TakeStats{Reported: true, Changed: 2}, l.Taken())
+	taken := l.Taken()
+	require.True(t, taken.Reported, "the handoff listed what changed")
+	require.Equal(t, 2, taken.Changed)
+	require.False(t, taken.Seen.After(taken.Trusted) || taken.Trusted.After(taken.Ready), "seen, trusted, ready in that order: %+v", taken)
 	got := make([]byte, chunks<<16)
 	_, err = b.ReadAt(got, 0)
 	require.NoError(t, err)

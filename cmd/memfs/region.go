@@ -240,14 +240,21 @@ type app struct {
 	writes  int
 	last    []uint64
 	lastOK  time.Time // the last accepted write
-	resumed chan time.Duration
+	resumed chan resumption
 	next    chan *region.Region
 	err     error
 }
 
+// resumption is when the application went on after a handoff.
+type resumption struct {
+	lastOK time.Time // its last accepted write on the old holder
+	next   time.Time // when it was given the new holder's region
+	first  time.Time // when its first write there was accepted
+}
+
 func (a *app) run(ctx context.Context) {
 	var b [8]byte
-	var waitFrom time.Time
+	var waitFrom, gotNext time.Time
 	for ctx.Err() == nil {
 		a.mu.Lock()
 		r := a.r
@@ -263,7 +270,7 @@ func (a *app) run(ctx context.Context) {
 			a.writes++
 			now := time.Now()
 			if !waitFrom.IsZero() {
-				a.resumed <- now.Sub(waitFrom)
+				a.resumed <- resumption{lastOK: waitFrom, next: gotNext, first: now}
 				waitFrom = time.Time{}
 			}
 			a.lastOK = now
@@ -273,6 +280,7 @@ func (a *app) run(ctx context.Context) {
 			a.mu.Unlock()
 			select {
 			case nr := <-a.next:
+				gotNext = time.Now()
 				a.mu.Lock()
 				a.r = nr
 				a.mu.Unlock()
@@ -328,6 +336,7 @@ func (a *app) check(r io.ReaderAt) (int, error) {
 
 type handoffRound struct {
 	pause, took, leech                           time.Duration
+	after                                        [4]time.Duration // seen, trusted, ready, first write: after the finalize returned
 	pushed, final, dirty, refetched, leechPulled int64
 }
 
@@ -366,7 +375,7 @@ func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *c
 		// would write the values the first left in the same slots, and
 		// an unchanged chunk travels not at all.
 		v:       uint64(time.Now().UnixNano()),
-		resumed: make(chan time.Duration, 1), next: make(chan *region.Region)}
+		resumed: make(chan resumption, 1), next: make(chan *region.Region)}
 	actx, stopApp := context.WithCancel(ctx)
 	appDone := make(chan struct{})
 	go func() { a.run(actx); close(appDone) }()
@@ -421,6 +430,7 @@ func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *c
 			tc <- tk
 		}()
 		hs, err := holder.Finalize(ctx)
+		finalized := time.Now()
 		if err != nil {
 			l.Cancel()
 			return fmt.Errorf("round %d: finalize: %w", rd+1, err)
@@ -429,8 +439,10 @@ func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *c
 		if tk.err != nil {
 			return fmt.Errorf("round %d: take: %w", rd+1, tk.err)
 		}
+		var res resumption
 		select {
-		case hr.pause = <-a.resumed:
+		case res = <-a.resumed:
+			hr.pause = res.first.Sub(res.lastOK)
 		case <-appDone:
 			return fmt.Errorf("round %d: the application stopped: %w", rd+1, a.err)
 		}
@@ -447,14 +459,18 @@ func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *c
 		}
 		hr.took, hr.pushed, hr.final, hr.dirty = hs.Took, hs.Pushed, hs.Final, hs.DirtySinceLeech
 		hr.refetched = holder.Progress().Pulled - pulledBefore
+		tk2 := l.Taken()
+		for k, at := range []time.Time{tk2.Seen, tk2.Trusted, tk2.Ready, res.first} {
+			hr.after[k] = at.Sub(finalized)
+		}
 		how := "listed by the handoff"
 		if !l.Taken().Reported {
 			how = "found by reading every hash"
 		}
 		rounds = append(rounds, hr)
-		fmt.Fprintf(out, "round %d: pause %v (finalize %v), pushed %s in the finalize (%s of it in the handoff command), %s written since the leecher came, "+
+		fmt.Fprintf(out, "round %d: pause %v (finalize %v; after it returned: handoff seen %v, trusted %v, region ready %v, first write %v), pushed %s in the finalize (%s of it in the handoff command), %s written since the leecher came, "+
 			"%s fetched again by the new holder (%d chunks changed, %s); leech pulled %s in %v; %d counters checked\n",
-			rd+1, round3(hr.pause), round3(hr.took), formatBytes(hr.pushed), formatBytes(hr.final), formatBytes(hr.dirty),
+			rd+1, round3(hr.pause), round3(hr.took), round3(hr.after[0]), round3(hr.after[1]), round3(hr.after[2]), round3(hr.after[3]), formatBytes(hr.pushed), formatBytes(hr.final), formatBytes(hr.dirty),
 			formatBytes(hr.refetched), l.Taken().Changed, how, formatBytes(hr.leechPulled), round(hr.leech), n)
 	}
 	stopApp()
