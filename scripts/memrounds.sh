@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Memory per stored byte: starts a fresh 3-node `memfs up`, writes TOTAL of
-# unique random data with `memfs bench --phases write --keep`, samples every
+# unique random data with `memfs bench --phases write --keep` (WRITER=bench,
+# the default, with BENCH_FLAGS such as `--concurrency 32`) or with one
+# `memfs put - /put.bin` from /dev/urandom (WRITER=put), samples every
 # node's RSS (anonymous and file-backed, /proc/PID/status) twice a second
 # during the write, and prints each node's peak RSS, its steady RSS 20 s
 # after the write, its physical bytes, and the Go runtime's view of the
@@ -46,7 +48,19 @@ rss() { awk '/^VmRSS/ {t=$2} /^RssAnon/ {a=$2} /^RssFile/ {f=$2} END {print t, a
 ) >"$tmp/samples" &
 sampler=$!
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$BIN" --cluster "$cluster" bench --phases write --keep --total "$total" | grep '^write'
+case ${WRITER:-bench} in
+bench)
+  # shellcheck disable=SC2086 # BENCH_FLAGS are words
+  "$BIN" --cluster "$cluster" bench --phases write --keep --total "$total" ${BENCH_FLAGS:-} | grep '^write'
+  ;;
+put)
+  bytes=$(numfmt --from=iec-i "${total%B}")
+  t0=$(date +%s%N)
+  head -c "$bytes" /dev/urandom | "$BIN" --cluster "$cluster" -q put - /put.bin
+  echo "put $total in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  ;;
+*) echo "WRITER is bench or put" >&2; exit 2 ;;
+esac
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 sleep 20
 kill "$sampler"; sampler=
