@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 const setAll = uint32(pb.SetAttrBit_SET_MODE | pb.SetAttrBit_SET_UID | pb.SetAttrBit_SET_GID |

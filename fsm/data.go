@@ -4,7 +4,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // chunkOp is the planned new content of one chunk.

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func grpcTrailer(md *metadata.MD) grpc.CallOption { return grpc.Trailer(md) }

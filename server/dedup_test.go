@@ -17,7 +17,7 @@ import (
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func randomBytes(n int, seed ...byte) []byte {

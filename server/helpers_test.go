@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Linux open flags used by the tests.

@@ -19,7 +19,7 @@ import (
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/internal/grpcopts"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/blockdir"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // BenchmarkNode measures the node's command path end to end: gRPC to the

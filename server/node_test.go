@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/metadata"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func TestWriteOnOneNodeReadOnAnother(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/memoryfs/memfs/fsm"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // TestGarbageOnTheWireDoesNotHurt sends garbage and absurd length prefixes

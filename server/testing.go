@@ -19,7 +19,7 @@ import (
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // This file holds test helpers exported for other packages' tests (it is

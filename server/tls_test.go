@@ -20,7 +20,7 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
 )
 

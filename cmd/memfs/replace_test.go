@@ -22,7 +22,7 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/progress"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
 )
 
