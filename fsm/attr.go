@@ -68,7 +68,7 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 	}
 	t.setTimesAndOwner(m, x)
 	if has(x.Valid, pb.SetAttrBit_SET_SIZE) {
-		m.stored = uint64(int64(m.stored) + t.apply(&p))
+		m.stored = uint64(int64(m.stored) + t.carryOut(&p))
 		size := uint64(x.Size)
 		t.logical = t.logical - m.size + size
 		m.size = size

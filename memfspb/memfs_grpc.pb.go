@@ -43,9 +43,12 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type MemFSClient interface {
-	// Apply runs one mutating command through Raft on the leader. A follower
-	// answers UNAVAILABLE with the leader's API address in the
-	// "memfs-leader" trailer when it cannot forward.
+	// Apply submits one mutating command (a Command, which may be a batch)
+	// and answers its result: the leader appends it to the Raft log and
+	// answers once its own state machine has applied it; a follower forwards
+	// it to the leader, or answers UNAVAILABLE with the leader's API address
+	// in the "memfs-leader" trailer when it cannot forward. The name is part
+	// of the wire (the method path /memfs.v1.MemFS/Apply) and stays.
 	Apply(ctx context.Context, in *ApplyRequest, opts ...grpc.CallOption) (*ApplyResponse, error)
 	// Query answers one read.
 	Query(ctx context.Context, in *QueryRequest, opts ...grpc.CallOption) (*QueryResponse, error)
@@ -207,9 +210,12 @@ type MemFS_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 // All implementations must embed UnimplementedMemFSServer
 // for forward compatibility.
 type MemFSServer interface {
-	// Apply runs one mutating command through Raft on the leader. A follower
-	// answers UNAVAILABLE with the leader's API address in the
-	// "memfs-leader" trailer when it cannot forward.
+	// Apply submits one mutating command (a Command, which may be a batch)
+	// and answers its result: the leader appends it to the Raft log and
+	// answers once its own state machine has applied it; a follower forwards
+	// it to the leader, or answers UNAVAILABLE with the leader's API address
+	// in the "memfs-leader" trailer when it cannot forward. The name is part
+	// of the wire (the method path /memfs.v1.MemFS/Apply) and stays.
 	Apply(context.Context, *ApplyRequest) (*ApplyResponse, error)
 	// Query answers one read.
 	Query(context.Context, *QueryRequest) (*QueryResponse, error)
