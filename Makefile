@@ -17,7 +17,7 @@ vet:
 	$(GO) vet ./...
 
 proto:
-	cd proto && PATH=$$PATH:$$($(GO) env GOPATH)/bin $(GO) generate ./
+	cd memfspb && PATH=$$PATH:$$($(GO) env GOPATH)/bin $(GO) generate ./
 
 clean:
 	rm -rf bin

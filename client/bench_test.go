@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // BenchmarkCreates creates 4 KiB files with 32 clients against an
@@ -36,7 +36,7 @@ func BenchmarkMkdirs(b *testing.B) {
 // perClient runs b.N operations spread over 32 clients, each with its own
 // session and directory /c<worker>.
 func perClient(b *testing.B, op func(cl *client.Client, worker int, i int64) error) {
-	c := server.StartCluster(b, 3)
+	c := servertest.StartCluster(b, 3)
 	const clients = 32
 	cls := make([]*client.Client, clients)
 	for i := range cls {
@@ -69,7 +69,7 @@ func perClient(b *testing.B, op func(cl *client.Client, worker int, i int64) err
 
 // BenchmarkWrite1MiB writes 1 MiB operations with 16 in flight.
 func BenchmarkWrite1MiB(b *testing.B) {
-	c := server.StartCluster(b, 3)
+	c := servertest.StartCluster(b, 3)
 	cl, err := client.New(b.Context(), c.APIAddrs())
 	require.NoError(b, err)
 	defer cl.Close()
@@ -110,7 +110,7 @@ func BenchmarkWrite1MiB(b *testing.B) {
 func BenchmarkRecall(b *testing.B) {
 	for _, holder := range []string{"none", "live", "dead"} {
 		b.Run(holder, func(b *testing.B) {
-			c := server.StartCluster(b, 3)
+			c := servertest.StartCluster(b, 3)
 			ctx := b.Context()
 			opts := []client.Option{client.WithCaps()}
 			if holder == "dead" {

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Caps is the table of the capabilities a client's session holds (see

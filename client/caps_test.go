@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // putIno writes data to p and returns p's inode number.
@@ -28,7 +28,7 @@ func putIno(t testing.TB, c *client.Client, p, data string) uint64 {
 // through its change stream when another client writes; the holder's
 // OnRecall runs before the write is applied, and the write waits for it.
 func TestCapabilityRecalledByWriter(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	holder := connect(t, cl, client.WithCaps())
 	writer := connect(t, cl)
 	ctx := t.Context()
@@ -69,7 +69,7 @@ func TestCapabilityRecalledByWriter(t *testing.T) {
 // and never answers recalls (a raw GrantCmd from a client without a
 // capability table) delays a writer by about its lease, not forever.
 func TestDeadHolderDelaysAtMostItsLease(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	const lease = 2 * time.Second
 	holder := connect(t, cl, client.WithLease(lease))
 	writer := connect(t, cl)
@@ -98,7 +98,7 @@ func TestDeadHolderDelaysAtMostItsLease(t *testing.T) {
 // proved current (here: the client is closed, so no renewal is seen)
 // stops trusting its capabilities within its lease.
 func TestCapabilityTrustLapses(t *testing.T) {
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	const lease = time.Second
 	holder := connect(t, cl, client.WithCaps(), client.WithLease(lease))
 	require.NoError(t, holder.WriteFile("/f", nil, 0o644))
@@ -169,7 +169,7 @@ func (h *blackhole) cut(addr string) {
 // does not wait for the cluster to revoke them after the holder's long
 // lease.
 func TestSilentStreamReopened(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	const lease = 30 * time.Second
 	h := &blackhole{conns: map[string][]*holeConn{}}
 	addrs := cl.APIAddrs()
@@ -216,7 +216,7 @@ func TestSilentStreamReopened(t *testing.T) {
 // sessions' capabilities and waits for them; while it is held, another
 // session's grant recalls it in turn.
 func TestExclusiveCapability(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	a := connect(t, cl, client.WithCaps())
 	b := connect(t, cl, client.WithCaps())
 	ctx := t.Context()
@@ -264,7 +264,7 @@ func TestExclusiveCapability(t *testing.T) {
 // the stream's first event were never delivered, so the holder could not
 // know it had to drop what it cached.
 func TestGrantBeforeStreamNotHeld(t *testing.T) {
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	holder := connect(t, cl, client.WithCaps())
 	ctx := t.Context()
 	require.NoError(t, holder.Mkdir("/d", 0o755))
@@ -295,7 +295,7 @@ func TestGrantBeforeStreamNotHeld(t *testing.T) {
 // (holding it would keep every other session's command on the inode
 // waiting a lease).
 func TestRecallBeforeFirstGrantAnswered(t *testing.T) {
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	holder := connect(t, cl, client.WithCaps())
 	ctx := t.Context()
 	require.NoError(t, holder.Mkdir("/d", 0o755)) // opens the session

@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // connect starts a client of cluster c and closes it at the end of the test.
-func connect(t *testing.T, c *server.Cluster, opts ...client.Option) *client.Client {
+func connect(t *testing.T, c *servertest.Cluster, opts ...client.Option) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -33,7 +33,7 @@ func connect(t *testing.T, c *server.Cluster, opts ...client.Option) *client.Cli
 }
 
 func TestClientMovesFromForwardingFollowerToLeader(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second).APIAddr()
 	cl := connect(t, c)
 	follower := ""
@@ -51,7 +51,7 @@ func TestClientMovesFromForwardingFollowerToLeader(t *testing.T) {
 }
 
 func TestFileAPI(t *testing.T) {
-	cl := connect(t, server.StartCluster(t, 3))
+	cl := connect(t, servertest.StartCluster(t, 3))
 
 	require.NoError(t, cl.MkdirAll("/a/b/c", 0o755))
 	require.NoError(t, cl.MkdirAll("/a/b", 0o755), "existing directories are fine")
@@ -187,7 +187,7 @@ func TestFileAPI(t *testing.T) {
 }
 
 func TestErrnoClasses(t *testing.T) {
-	cl := connect(t, server.StartCluster(t, 3))
+	cl := connect(t, servertest.StartCluster(t, 3))
 	require.NoError(t, cl.WriteFile("/f", []byte("x"), 0o644))
 	require.NoError(t, cl.Mkdir("/d", 0o755))
 	require.NoError(t, cl.WriteFile("/d/x", nil, 0o644))
@@ -236,7 +236,7 @@ func TestErrnoClasses(t *testing.T) {
 func second[T any](_ T, err error) error { return err }
 
 func TestFSAdapter(t *testing.T) {
-	cl := connect(t, server.StartCluster(t, 3))
+	cl := connect(t, servertest.StartCluster(t, 3))
 	files := map[string]string{
 		"top.txt": "top", "dir/a.txt": "alpha", "dir/b.txt": "", "dir/sub/deep.txt": "deep",
 		"empty/.keep": "k",
@@ -272,7 +272,7 @@ func dirOf(name string) string {
 }
 
 func TestLargeTransfers(t *testing.T) {
-	cl := connect(t, server.StartCluster(t, 3, server.WithEphemeral()))
+	cl := connect(t, servertest.StartCluster(t, 3, servertest.WithEphemeral()))
 	// Over the (lowered) stream limit, so split into several streamed
 	// commands, and not a multiple of the message size.
 	defer client.SetStreamLimit(3 * pb.MaxMessageData)()
@@ -298,7 +298,7 @@ func TestLargeTransfers(t *testing.T) {
 }
 
 func TestFollowerOnlyAddresses(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	var followers []string
 	for _, n := range c.Nodes() {
@@ -317,7 +317,7 @@ func TestFollowerOnlyAddresses(t *testing.T) {
 }
 
 func TestExclusiveOpen(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	a, b := connect(t, c), connect(t, c)
 	require.NoError(t, a.WriteFile("/lock", nil, 0o644))
 
@@ -392,7 +392,7 @@ func requireGranted(t *testing.T, cl *client.Client, h uint64, want bool) {
 // TestMknod: special files through the client library, with their io/fs
 // modes and device numbers.
 func TestMknod(t *testing.T) {
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	c := connect(t, cl)
 	for _, tc := range []struct {
 		name string

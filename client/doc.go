@@ -1,6 +1,6 @@
 // Package client is the Go client of a MemoryFS cluster: a connection that
 // finds the Raft leader and follows it, a session, and two APIs over the
-// gRPC protocol of package proto: a file API shaped after package os (Open,
+// gRPC protocol of package memfspb: a file API shaped after package os (Open,
 // File.Read/Write/Seek, Mkdir, ReadDir, Rename...) plus an io/fs view, and
 // an inode-level API (Do, Query, Lookup, OpenLoc, ReadHandle...) for a FUSE
 // file system. It must never import the server or the state machine: it

@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // errnoErr returns the errno of a failed result as an error. Errno values

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // These examples need a running cluster (memfs up), so they are compiled

@@ -1,6 +1,6 @@
 package client
 
-import pb "github.com/memoryfs/memfs/proto"
+import pb "github.com/memoryfs/memfs/memfspb"
 
 // SetStreamLimit lowers the most data one write command carries, so tests
 // can exercise splitting with little data. It returns a function that

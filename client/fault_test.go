@@ -20,8 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // appendLog runs writers that append distinct records ("key:padding\n") to
@@ -95,7 +96,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 func TestKillLeaderDuringWrites(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	cl := connect(t, c)
 	stop := make(chan struct{})
 	var acked atomic.Int64
@@ -150,7 +151,7 @@ func (f *flakyConn) Read(p []byte) (int, error) {
 }
 
 func TestFlakyConnectionsApplyOnce(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	var cut atomic.Int64
 	cl := connect(t, c, client.WithDialer(flakyDialer(&cut)))
 	stop := make(chan struct{})
@@ -200,7 +201,7 @@ func (g *gate) set(closed bool) {
 }
 
 func TestSessionExpiry(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	g := &gate{}
 	cl := connect(t, c, client.WithLease(time.Second), client.WithDialer(g.dial),
 		client.WithRetryTimeout(time.Second))
@@ -233,7 +234,7 @@ func TestSessionExpiry(t *testing.T) {
 }
 
 func TestWatch(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	cl := connect(t, c)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -265,7 +266,7 @@ func TestWatch(t *testing.T) {
 
 func TestUnixSocket(t *testing.T) {
 	dir := t.TempDir()
-	c := server.StartCluster(t, 3, server.WithEphemeral(), server.WithNodeConfig(func(i int, cfg *server.Config) {
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral(), servertest.WithNodeConfig(func(i int, cfg *server.Config) {
 		cfg.UnixSocket = filepath.Join(dir, fmt.Sprintf("n%d.sock", i))
 	}))
 	_ = c

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Open flags of the MemoryFS exclusive open, to combine with the os.O_*

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Linux file type and mode bits, which Attr.mode carries on every OS.

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // FS returns a read-only io/fs view of the cluster's tree, running every

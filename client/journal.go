@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Journal holds the operations a holder of exclusive capabilities has

@@ -12,6 +12,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // valve holds back whoever waits on it while it is shut.
@@ -61,7 +62,7 @@ func (s *stallingLog) StoreLogs(ls []*raft.Log) error { s.wait(); return s.LogSt
 func TestSessionSurvivesStalledLog(t *testing.T) {
 	const lease = time.Second
 	log := &stallingLog{LogStore: raft.NewInmemStore()}
-	c := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Stores = &server.Stores{Log: log, Stable: raft.NewInmemStore()}
 	}))
 	cl := connect(t, c, client.WithLease(lease))
@@ -146,7 +147,7 @@ func (c *frozenConn) Write(p []byte) (int, error) {
 // the handle works once the connection moves again.
 func TestSessionSurvivesFrozenConnection(t *testing.T) {
 	const lease = time.Second
-	c := server.StartCluster(t, 1, server.WithEphemeral())
+	c := servertest.StartCluster(t, 1, servertest.WithEphemeral())
 	fr := newFreezer()
 	cl := connect(t, c, client.WithLease(lease), client.WithDialer(fr.dial),
 		client.WithAttemptTimeout(20*time.Second), client.WithRetryTimeout(30*time.Second))
@@ -160,7 +161,7 @@ func TestSessionSurvivesFrozenConnection(t *testing.T) {
 // reaches the cluster again, and its handle works.
 func TestSessionSurvivesLeaderlessGap(t *testing.T) {
 	const lease = 2 * time.Second
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	g := &gate{}
 	cl := connect(t, c, client.WithLease(lease), client.WithDialer(g.dial))
 	observer := connect(t, c)

@@ -6,7 +6,7 @@ import (
 	"math"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // LockEOF as a lock's End reaches past any end of file.

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func wrLock(ino, owner uint64) client.Lock {
@@ -28,7 +28,7 @@ func lockAsync(ctx context.Context, c *client.Client, l client.Lock) <-chan erro
 // hosts) exclude each other, a waiter is woken by the holder's unlock, and
 // F_GETLK names the holder.
 func TestLocksAcrossClients(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	a, b := connect(t, cl), connect(t, cl)
 	ctx := t.Context()
 	ino := putIno(t, a, "/db", "data")
@@ -65,7 +65,7 @@ func TestLocksAcrossClients(t *testing.T) {
 // TestLockWaitInterrupted: a waiter whose context ends is withdrawn with
 // EINTR and never granted later.
 func TestLockWaitInterrupted(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	a, b := connect(t, cl), connect(t, cl)
 	ino := putIno(t, a, "/f", "x")
 	require.NoError(t, a.SetLock(t.Context(), wrLock(ino, 1), false))
@@ -84,7 +84,7 @@ func TestLockWaitInterrupted(t *testing.T) {
 
 // TestLockDeadlockAcrossClients: the two-owner cycle is EDEADLK.
 func TestLockDeadlockAcrossClients(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	a, b := connect(t, cl), connect(t, cl)
 	ctx := t.Context()
 	ino := putIno(t, a, "/f", "x")
@@ -114,7 +114,7 @@ func TestLockDeadlockAcrossClients(t *testing.T) {
 // TestLockHolderDies: the locks of a client cut off for longer than its
 // lease are released when its session expires, and a waiter gets them.
 func TestLockHolderDies(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	g := &gate{}
 	holder := connect(t, c, client.WithLease(time.Second), client.WithDialer(g.dial),
 		client.WithRetryTimeout(time.Second))
@@ -142,7 +142,7 @@ func TestLockHolderDies(t *testing.T) {
 // knows every lock and waiter: the holder keeps its lock, the waiter
 // keeps its place and gets the lock when the holder lets go.
 func TestLocksSurviveLeaderKill(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	a, b := connect(t, c), connect(t, c)
 	ctx := t.Context()
 	ino := putIno(t, a, "/f", "x")

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // This file is the inode-level API that a FUSE file system builds on. Its

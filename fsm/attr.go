@@ -6,7 +6,7 @@ import (
 	"strings"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 const setAll = uint32(pb.SetAttrBit_SET_MODE | pb.SetAttrBit_SET_UID | pb.SetAttrBit_SET_GID |
@@ -68,7 +68,7 @@ func (t *tx) setAttr(x *pb.SetAttrCmd, sess *session) (*pb.Result, error) {
 	}
 	t.setTimesAndOwner(m, x)
 	if has(x.Valid, pb.SetAttrBit_SET_SIZE) {
-		m.stored = uint64(int64(m.stored) + t.apply(&p))
+		m.stored = uint64(int64(m.stored) + t.carryOut(&p))
 		size := uint64(x.Size)
 		t.logical = t.logical - m.size + size
 		m.size = size

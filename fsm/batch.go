@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Batches. A session holding exclusive capabilities answers operations

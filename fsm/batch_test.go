@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // batchFixture is a capHarness whose holder holds /d exclusively and a

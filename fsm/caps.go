@@ -3,7 +3,7 @@ package fsm
 import (
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Capabilities. A session holding a capability on an inode may cache the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // capHarness is a state machine with two sessions, holder and other, and

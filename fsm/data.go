@@ -4,7 +4,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // chunkOp is the planned new content of one chunk.
@@ -127,10 +127,10 @@ func (t *tx) fits(p *plan) error {
 	return nil
 }
 
-// apply carries a plan out and returns the change of the inode's stored
-// bytes. New blocks are stored before old ones are released, so content
+// carryOut carries a write plan out and returns the change of the inode's
+// stored bytes. New blocks are stored before old ones are released, so content
 // that stays the same is never dropped and re-stored.
-func (t *tx) apply(p *plan) int64 {
+func (t *tx) carryOut(p *plan) int64 {
 	var delta int64
 	for i := range p.ops {
 		op := &p.ops[i]
@@ -249,7 +249,7 @@ func (t *tx) planData(n *inode, off uint64, x *pb.WriteCmd) (plan, uint64, error
 
 // commitWrite carries out a validated write plan on n.
 func (t *tx) commitWrite(n *inode, p *plan, off, length uint64) *pb.Result {
-	stored := t.apply(p)
+	stored := t.carryOut(p)
 	m := t.mut(n)
 	m.stored = uint64(int64(m.stored) + stored)
 	if end := off + length; end > m.size {
@@ -450,7 +450,7 @@ func (t *tx) refOp(n *inode, idx, lo, hi uint64, hb []byte) (chunkOp, error) {
 // needs space.
 func (t *tx) truncateToZero(n *inode) *inode {
 	p := t.planTruncate(n, 0)
-	t.apply(&p)
+	t.carryOut(&p)
 	m := t.mut(n)
 	t.logical -= m.size
 	m.size, m.stored = 0, 0

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Error is a failed command or query: a Linux errno and a message for

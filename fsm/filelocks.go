@@ -5,7 +5,7 @@ import (
 	"slices"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // File locks: POSIX record locks (fcntl F_SETLK, F_SETLKW, F_GETLK) and

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // open opens (and with O_CREAT creates) a file for a session. Exclusive

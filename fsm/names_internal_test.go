@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // TestNamesFollowEntries adds and removes names of a few files in a few

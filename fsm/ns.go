@@ -5,7 +5,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // mut returns a private copy of the current version of n, already in the

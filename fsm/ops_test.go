@@ -13,7 +13,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func TestRootAndAttrs(t *testing.T) {

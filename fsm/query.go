@@ -4,7 +4,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // nominalFree is the free space statfs reports when there is no memory

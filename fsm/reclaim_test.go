@@ -15,7 +15,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Safe reclamation (the CBUF rule): a block stays valid while anything

@@ -6,7 +6,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Regions and their handoff (docs/regions.md). A managed region keeps a

@@ -10,7 +10,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm/block"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func regionOf(t *testing.T, h *capHarness, q *pb.Query) *pb.RegionState {

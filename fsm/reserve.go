@@ -4,7 +4,7 @@ import (
 	"slices"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Reserved inode numbers. A holder of exclusive capabilities answers

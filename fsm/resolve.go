@@ -4,7 +4,7 @@ import (
 	"strings"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // resolved is where a Loc leads: the directory entry (dir, name) and the

@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // A token is a bearer credential's SHA-256 with the role it grants. The

@@ -14,7 +14,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func tokenCreate(text string, role pb.Role, name string, ttl time.Duration) *pb.Command {

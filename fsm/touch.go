@@ -4,7 +4,7 @@ import (
 	"slices"
 	"syscall"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Reads and exclusive capabilities. A session holding an exclusive

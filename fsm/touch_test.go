@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func TestTouch(t *testing.T) {

@@ -12,9 +12,9 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/authz"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestConfinedTokenMount mounts a TLS cluster with a write token confined
@@ -23,7 +23,7 @@ import (
 // mount holds open after unlinking it stays usable.
 func TestConfinedTokenMount(t *testing.T) {
 	requireFUSE(t)
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	admin := newClient(t, c.APIAddrs(), client.WithTLS(c.ClientTLS("admin").ClientConfig()))
 	require.NoError(t, admin.MkdirAll("/tenants/a/docs", 0o755))
 	require.NoError(t, admin.MkdirAll("/tenants/b", 0o755))

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // testOpTimeout bounds each mount operation in tests: a cluster that
@@ -23,10 +23,10 @@ import (
 const testOpTimeout = 20 * time.Second
 
 // startCluster starts an in-process cluster of n nodes.
-func startCluster(t *testing.T, n int) *server.Cluster {
+func startCluster(t *testing.T, n int) *servertest.Cluster {
 	t.Helper()
 	requireFUSE(t)
-	return server.StartCluster(t, n)
+	return servertest.StartCluster(t, n)
 }
 
 // newClient connects a client to addrs, closed at cleanup.

@@ -16,7 +16,7 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestReadRoleMount mounts a TLS cluster as a client with the read role:
@@ -24,7 +24,7 @@ import (
 // leaves the tree as it was.
 func TestReadRoleMount(t *testing.T) {
 	requireFUSE(t)
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	admin := newClient(t, c.APIAddrs(), client.WithTLS(c.ClientTLS("admin").ClientConfig()))
 	require.NoError(t, admin.MkdirAll("/docs", 0o755))
 	require.NoError(t, admin.WriteFile("/docs/a.txt", []byte("hello"), 0o644))

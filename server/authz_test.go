@@ -20,14 +20,14 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/authz"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // roleConns dials addr once per role: without certificate, and with a
 // certificate of each role.
-func roleConns(t *testing.T, c *server.Cluster, addr string) map[pb.Role]*grpc.ClientConn {
+func roleConns(t *testing.T, c *servertest.Cluster, addr string) map[pb.Role]*grpc.ClientConn {
 	t.Helper()
 	dir := t.TempDir()
 	caFile := c.CertFiles("admin").CA
@@ -97,7 +97,7 @@ func checkRefusal(t *testing.T, what string, role, need pb.Role, err error) {
 // at or above it reaches the handler. The requests carry protocol version
 // 0, so a handler that is reached refuses them without doing anything.
 func TestEveryMethodChecksItsRole(t *testing.T) {
-	c := server.StartCluster(t, 1, server.WithTLS())
+	c := servertest.StartCluster(t, 1, servertest.WithTLS())
 	conns := roleConns(t, c, c.Node(0).APIAddr())
 	svc := pb.File_memfs_proto.Services().ByName("MemFS")
 	for i := range svc.Methods().Len() {
@@ -137,7 +137,7 @@ func TestEveryMethodChecksItsRole(t *testing.T) {
 // TestRolesThroughTheClient: what each role may do, through the client
 // library as programs use it, and that a refusal changes nothing.
 func TestRolesThroughTheClient(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	admin, _ := tlsClient(t, c, "admin")
 	require.NoError(t, admin.WriteFile("/f", []byte("original"), 0o644))
 	dir := t.TempDir()
@@ -188,7 +188,7 @@ func TestRolesThroughTheClient(t *testing.T) {
 // TestTokens: a token made by an admin authenticates with its role on
 // every node, a revoked one and an expired one do not.
 func TestTokens(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	admin, _ := tlsClient(t, c, "admin")
 	caOnly := loadTLS(t, tlsconf.Files{CA: c.CertFiles("admin").CA})
 	create := func(text string, role pb.Role, ttl time.Duration) *pb.Token {
@@ -258,7 +258,7 @@ func TestTokens(t *testing.T) {
 // (session, seq), or sending new commands in its session, gets EPERM and
 // changes nothing; the owner's own retry still gets its recorded result.
 func TestSessionsBelongToTheirOwner(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	dir := t.TempDir()
 	caFile := c.CertFiles("admin").CA
 	conn := func(name string) pb.MemFSClient {

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func grpcTrailer(md *metadata.MD) grpc.CallOption { return grpc.Trailer(md) }
@@ -24,9 +26,9 @@ func requireCode(t testing.TB, err error, code string) {
 }
 
 func TestRejectsBadRequests(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
-	for _, target := range []*Node{leader, follower(c, leader, 0)} {
+	for _, target := range []*server.Node{leader, follower(c, leader, 0)} {
 		cli := c.Client(target.APIAddr())
 		ctx := ctxTimeout(t, 20*time.Second)
 		mkdir := &pb.Command{Op: &pb.Command_Mkdir{Mkdir: &pb.MkdirCmd{Loc: &pb.Loc{Path: "/x"}}}}
@@ -60,7 +62,7 @@ func TestRejectsBadRequests(t *testing.T) {
 			{"read version", func() error { return recvErr(cli.Read(ctx, &pb.QueryRequest{Version: 7, Query: stat})) },
 				codes.FailedPrecondition, "version"},
 			{"write version", func() error {
-				return writeFrames(ctx, cli, &pb.WriteFrame{Version: 3, Command: writeCmd("/x", 0, nil)})
+				return writeFrames(ctx, cli, &pb.WriteFrame{Version: 3, Command: server.WriteCmd("/x", 0, nil)})
 			}, codes.FailedPrecondition, "version"},
 			{"apply without command", func() error {
 				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version})
@@ -88,13 +90,13 @@ func TestRejectsBadRequests(t *testing.T) {
 				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: mkdir})
 			}, codes.InvalidArgument, "write command"},
 			{"write declares too much", func() error {
-				cmd := writeCmd("/x", 0, nil)
-				cmd.GetWrite().Length = MaxWriteBytes + 1
+				cmd := server.WriteCmd("/x", 0, nil)
+				cmd.GetWrite().Length = server.MaxWriteBytes + 1
 				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: cmd})
 			}, codes.InvalidArgument, "exceeds the limit"},
 			{"write with two commands", func() error {
-				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: writeCmd("/x", 0, nil)},
-					&pb.WriteFrame{Command: writeCmd("/x", 0, nil)})
+				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: server.WriteCmd("/x", 0, nil)},
+					&pb.WriteFrame{Command: server.WriteCmd("/x", 0, nil)})
 			}, codes.InvalidArgument, "only the first frame"},
 			{"join without addresses", func() error {
 				_, err := cli.Join(ctx, &pb.JoinRequest{Version: pb.Version, Id: "n9"})
@@ -113,7 +115,7 @@ func TestRejectsBadRequests(t *testing.T) {
 				return writeFrames(ctx, cli, &pb.WriteFrame{Version: pb.Version, Command: summedWrite()})
 			}, codes.InvalidArgument, "sums"},
 			{"huge message", func() error {
-				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: writeCmd("/x", 0, make([]byte, 2<<20))})
+				_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: server.WriteCmd("/x", 0, make([]byte, 2<<20))})
 				return err
 			}, codes.ResourceExhausted, "larger than max"},
 		}
@@ -167,9 +169,9 @@ func writeFrames(ctx context.Context, cli pb.MemFSClient, frames ...*pb.WriteFra
 }
 
 func TestWriteStreamCutOffAppliesNothing(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
-	for _, target := range []*Node{leader, follower(c, leader, 0)} {
+	for _, target := range []*server.Node{leader, follower(c, leader, 0)} {
 		t.Run(target.ID(), func(t *testing.T) {
 			cli := c.Client(target.APIAddr())
 			s := openSession(t, cli)
@@ -180,7 +182,7 @@ func TestWriteStreamCutOffAppliesNothing(t *testing.T) {
 			st, err := cli.Write(ctx)
 			require.NoError(t, err)
 			s.seq++
-			cmd := writeCmd(path, 0, pattern(1000, 1))
+			cmd := server.WriteCmd(path, 0, pattern(1000, 1))
 			cmd.Session, cmd.Seq = s.id, s.seq
 			require.NoError(t, st.Send(&pb.WriteFrame{Version: pb.Version, Command: cmd}))
 			for range 3 {
@@ -201,7 +203,7 @@ func TestWriteStreamCutOffAppliesNothing(t *testing.T) {
 }
 
 func TestOversizedStreamedWriteIsRefused(t *testing.T) {
-	c := StartCluster(t, 1)
+	c := servertest.StartCluster(t, 1)
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(leader.APIAddr())
 	s := openSession(t, cli)
@@ -209,11 +211,11 @@ func TestOversizedStreamedWriteIsRefused(t *testing.T) {
 	ctx := ctxTimeout(t, 60*time.Second)
 	st, err := cli.Write(ctx)
 	require.NoError(t, err)
-	cmd := writeCmd("/big", 0, nil)
+	cmd := server.WriteCmd("/big", 0, nil)
 	cmd.Session, cmd.Seq = s.id, s.seq+1
 	frame := make([]byte, pb.MaxMessageData)
 	require.NoError(t, st.Send(&pb.WriteFrame{Version: pb.Version, Command: cmd}))
-	for range MaxWriteBytes/pb.MaxMessageData + 1 {
+	for range server.MaxWriteBytes/pb.MaxMessageData + 1 {
 		if st.Send(&pb.WriteFrame{Data: frame}) != nil {
 			break // refused mid-stream
 		}

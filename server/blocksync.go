@@ -17,7 +17,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/blockdir"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // frameStream replays frames as a FetchBlocks stream.

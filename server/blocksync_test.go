@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -16,8 +16,9 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server/blockdir"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 const chunk = block.DefaultChunkSize
@@ -36,17 +37,17 @@ func uniqueBytes(n int, seed uint64) []byte {
 // manualSnapshots makes snapshots happen only when a test asks, and keeps
 // few log entries behind them, so a follower that misses a little needs
 // the snapshot.
-func manualSnapshots() ClusterOption {
-	return WithNodeConfig(func(_ int, c *Config) {
+func manualSnapshots() servertest.ClusterOption {
+	return servertest.WithNodeConfig(func(_ int, c *server.Config) {
 		c.Raft.SnapshotThreshold = 1 << 30
 		c.Raft.SnapshotInterval = time.Hour
 		c.Raft.TrailingLogs = 8
 	})
 }
 
-func snapshotNow(t testing.TB, n *Node) {
+func snapshotNow(t testing.TB, n *server.Node) {
 	t.Helper()
-	require.NoError(t, n.raft.Snapshot().Error(), "snapshot on %s", n.ID())
+	require.NoError(t, n.Raft().Snapshot().Error(), "snapshot on %s", n.ID())
 }
 
 // writeChunks writes data at off in 1 MiB commands.
@@ -62,9 +63,9 @@ func writeChunks(s *session, path string, off int64, data []byte) {
 
 // fileCluster starts three nodes that snapshot only when asked and writes
 // chunks unique chunks (seed) to path through the leader.
-func fileCluster(t *testing.T, path string, chunks int, seed uint64) (*Cluster, *Node, *session, []byte) {
+func fileCluster(t *testing.T, path string, chunks int, seed uint64) (*servertest.Cluster, *server.Node, *session, []byte) {
 	t.Helper()
-	c := StartCluster(t, 3, manualSnapshots())
+	c := servertest.StartCluster(t, 3, manualSnapshots())
 	leader := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(leader.APIAddr()))
 	s.create(path)
@@ -76,14 +77,14 @@ func fileCluster(t *testing.T, path string, chunks int, seed uint64) (*Cluster, 
 func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
 	_, leader, s, _ := fileCluster(t, "/big", 64, 1)
 	snapshotNow(t, leader)
-	dir := leader.sync.dir
+	dir := leader.BlockDir()
 	first := dir.Stats().Written
 	require.GreaterOrEqual(t, first, uint64(64*chunk), "the first snapshot writes every block")
 
 	writeChunks(s, "/big", 10*chunk, uniqueBytes(chunk, 2))
 	snapshotNow(t, leader)
 	require.Equal(t, uint64(chunk), dir.Stats().Written-first, "the second snapshot writes only the changed block")
-	metas, err := leader.stores.Snapshots.List()
+	metas, err := leader.Stores().Snapshots.List()
 	require.NoError(t, err)
 	require.Less(t, metas[0].Size, int64(chunk), "a snapshot names blocks, it does not hold them")
 
@@ -103,21 +104,21 @@ func TestSnapshotPersistsOnlyNewBlocks(t *testing.T) {
 func TestSnapshotBeingReadKeepsItsBlocks(t *testing.T) {
 	_, leader, s, _ := fileCluster(t, "/big", 16, 11)
 	snapshotNow(t, leader)
-	metas, err := leader.stores.Snapshots.List()
+	metas, err := leader.Stores().Snapshots.List()
 	require.NoError(t, err)
-	_, rc, err := leader.stores.Snapshots.Open(metas[0].ID)
+	_, rc, err := leader.Stores().Snapshots.Open(metas[0].ID)
 	require.NoError(t, err)
 
 	writeChunks(s, "/big", 0, uniqueBytes(16*chunk, 12))
 	snapshotNow(t, leader)
 	s.mkdir("/d")
 	snapshotNow(t, leader)
-	metas, err = leader.stores.Snapshots.List()
+	metas, err = leader.Stores().Snapshots.List()
 	require.NoError(t, err)
 	require.Len(t, metas, 2, "the snapshot being read was reaped")
-	dir := leader.sync.dir
+	dir := leader.BlockDir()
 	collect := func() uint64 {
-		_, err := dir.Retain(leader.rfsm.liveBlocks)
+		_, err := dir.Retain(leader.LiveBlocks)
 		require.NoError(t, err)
 		return dir.Stats().Bytes
 	}
@@ -150,9 +151,9 @@ func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
 
 	n := c.Restart(lag)
 	c.WaitApplied(leader.AppliedIndex(), 30*time.Second)
-	require.Equal(t, uint64(3*chunk), n.sync.fetchedBytesTotal.Load(), "only the changed blocks cross the network")
+	require.Equal(t, uint64(3*chunk), n.SyncFetchedBytesTotal(), "only the changed blocks cross the network")
 	require.Equal(t, data, readAll(t, c.Client(n.APIAddr()), "/big", pb.Consistency_STALE))
-	st := n.selfStatus()
+	st := n.SelfStatus()
 	require.Equal(t, uint64(3), st.SyncBlocksFetched)
 	require.Equal(t, uint64(3*chunk), st.SyncBytesWanted)
 	requireSnapshotsOnDisk(t, n)
@@ -160,15 +161,15 @@ func TestDeltaCatchUpFetchesOnlyWhatChanged(t *testing.T) {
 
 // requireSnapshotsOnDisk checks that every block n's listed snapshots name
 // is in its block directory, so it can restart without its peers.
-func requireSnapshotsOnDisk(t *testing.T, n *Node) {
+func requireSnapshotsOnDisk(t *testing.T, n *server.Node) {
 	t.Helper()
-	metas, err := n.rfsm.snaps.List()
+	metas, err := n.SnapshotStore().List()
 	require.NoError(t, err)
 	require.NotEmpty(t, metas)
-	named, err := n.rfsm.snaps.liveBlocks()
+	named, err := n.SnapshotStore().LiveBlocks()
 	require.NoError(t, err)
 	for h := range named {
-		require.True(t, n.sync.dir.Has(h), "a snapshot names block %s, not on disk", h.Short())
+		require.True(t, n.BlockDir().Has(h), "a snapshot names block %s, not on disk", h.Short())
 	}
 }
 
@@ -178,7 +179,7 @@ func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
 	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
 	snapshotNow(t, f)
 	i := c.Index(f)
-	blocks := f.sync.dir.Path()
+	blocks := f.BlockDir().Path()
 	c.Kill(i)
 
 	packs, err := filepath.Glob(filepath.Join(blocks, "*.pack"))
@@ -190,13 +191,13 @@ func TestCorruptBlockOnDiskIsRepairedFromPeer(t *testing.T) {
 	require.NoError(t, os.WriteFile(packs[0], raw, 0o600))
 
 	n := c.Restart(i)
-	st := n.selfStatus()
+	st := n.SelfStatus()
 	require.Equal(t, uint64(1), st.SyncCorruptBlocks)
 	require.Equal(t, uint64(chunk), st.SyncBytesFetchedTotal, "the bad block came from a peer")
 	require.Equal(t, data, readAll(t, c.Client(n.APIAddr()), "/f", pb.Consistency_STALE))
 	for k := range 8 {
 		h := block.Sum(data[k*chunk : (k+1)*chunk])
-		_, err := n.sync.dir.Get(h)
+		_, err := n.BlockDir().Get(h)
 		require.NoError(t, err, "block %d is whole on disk again", k)
 	}
 }
@@ -223,13 +224,13 @@ func TestWholeClusterRestartsFromIncrementalChain(t *testing.T) {
 	}
 	leader = c.WaitLeader(30 * time.Second)
 	for _, n := range c.Nodes() {
-		require.Zero(t, n.sync.fetchedBytesTotal.Load(), "%s restored from its own disk", n.ID())
+		require.Zero(t, n.SyncFetchedBytesTotal(), "%s restored from its own disk", n.ID())
 	}
 	require.Equal(t, want, readAll(t, c.Client(leader.APIAddr()), "/f", pb.Consistency_LINEARIZABLE))
 }
 
 func TestFetchBlocksRefusesBadRequests(t *testing.T) {
-	c := StartCluster(t, 1)
+	c := servertest.StartCluster(t, 1)
 	cli := c.Client(c.Node(0).APIAddr())
 	ctx := ctxTimeout(t, 10*time.Second)
 	_, err := cli.MissingBlocks(ctx, &pb.MissingBlocksRequest{Version: pb.Version, Hashes: [][]byte{{1, 2, 3}}})
@@ -285,7 +286,7 @@ func (p *lyingPeer) FetchBlocks(req *pb.FetchBlocksRequest, stream grpc.ServerSt
 }
 
 func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
-	c := StartCluster(t, 1)
+	c := servertest.StartCluster(t, 1)
 	good := c.Node(0)
 	s := openSession(t, c.Client(good.APIAddr()))
 	s.create("/f")
@@ -293,9 +294,9 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	writeChunks(s, "/f", 0, data)
 
 	liar := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())})
-	b, dir := newTestSync(t, time.Minute, 5*time.Second)
+	b, dir := server.NewTestSync(t, time.Minute, 5*time.Second)
 	// "a-liar" sorts first, so it is asked first for every block.
-	src := b.source(map[string]string{"a-liar": liar, "good": good.APIAddr(), "me": "x"})
+	src := b.Source(map[string]string{"a-liar": liar, "good": good.APIAddr(), "me": "x"})
 	var want []fsm.BlockWant
 	for i := range 4 {
 		piece := data[i*chunk : (i+1)*chunk]
@@ -309,8 +310,8 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 		require.NoError(t, err, "only verified blocks are stored")
 		require.Equal(t, got[w.Hash].Bytes(), onDisk)
 	}
-	require.Positive(t, b.corruptTotal.Load())
-	require.Equal(t, uint64(4*chunk), b.gotBytes.Load())
+	require.Positive(t, b.CorruptTotal())
+	require.Equal(t, uint64(4*chunk), b.GotBytes())
 }
 
 // servePeer serves impl as a peer's API on a loopback port.
@@ -322,18 +323,6 @@ func servePeer(t *testing.T, impl pb.MemFSServer) string {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	return lis.Addr().String()
-}
-
-// newTestSync is the block sync of an empty node with a block directory.
-func newTestSync(t *testing.T, giveUp, idle time.Duration) (*blockSync, *blockdir.Dir) {
-	f, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	dir, err := blockdir.Open(t.TempDir())
-	require.NoError(t, err)
-	ps := newPeers(nil, nil)
-	t.Cleanup(ps.close)
-	return &blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
-		giveUp: giveUp, idle: idle}, dir
 }
 
 // stallingPeer claims to hold every block and never sends one.
@@ -354,30 +343,30 @@ func (stallingPeer) FetchBlocks(_ *pb.FetchBlocksRequest, stream grpc.ServerStre
 // claim to hold are given up after the minimum rounds with EIO, the
 // stalled stream abandoned each time, and nothing is stored.
 func TestBlockNobodyDeliversIsLost(t *testing.T) {
-	c := StartCluster(t, 1)
+	c := servertest.StartCluster(t, 1)
 	good := c.Node(0)
 	s := openSession(t, c.Client(good.APIAddr()))
 	s.create("/f")
 	data := uniqueBytes(2*chunk, 11)
 	writeChunks(s, "/f", 0, data)
 	liar, staller := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())}), servePeer(t, stallingPeer{})
-	b, dir := newTestSync(t, 0, 200*time.Millisecond)
-	src := b.source(map[string]string{"liar": liar, "staller": staller})
+	b, dir := server.NewTestSync(t, 0, 200*time.Millisecond)
+	src := b.Source(map[string]string{"liar": liar, "staller": staller})
 	want := []fsm.BlockWant{{Hash: block.Sum(data[:chunk]), Size: chunk, Ino: 2, FileSize: 2 * chunk}}
 	_, err := src.Blocks(ctxTimeout(t, 30*time.Second), want)
 	require.ErrorIs(t, err, syscall.EIO)
 	require.ErrorContains(t, err, "in 3 rounds")
 	require.False(t, dir.Has(want[0].Hash), "a block nobody delivered intact is not stored")
-	require.Equal(t, uint64(3), b.corruptTotal.Load(), "the liar's copy, once a round")
+	require.Equal(t, uint64(3), b.CorruptTotal(), "the liar's copy, once a round")
 }
 
 // TestBlockEveryPeerLacksFailsAtOnce: when every peer answers and none
 // holds a block, the restore fails after the minimum rounds, without
 // waiting out the give-up time meant for unreachable peers.
 func TestBlockEveryPeerLacksFailsAtOnce(t *testing.T) {
-	c := StartCluster(t, 1)
-	b, _ := newTestSync(t, time.Hour, 5*time.Second)
-	src := b.source(map[string]string{"n0": c.Node(0).APIAddr()})
+	c := servertest.StartCluster(t, 1)
+	b, _ := server.NewTestSync(t, time.Hour, 5*time.Second)
+	src := b.Source(map[string]string{"n0": c.Node(0).APIAddr()})
 	want := []fsm.BlockWant{{Hash: block.Sum([]byte("held by nobody")), Size: 14, Ino: 2, FileSize: 14}}
 	_, err := src.Blocks(ctxTimeout(t, time.Minute), want)
 	require.ErrorIs(t, err, syscall.EIO)
@@ -385,7 +374,7 @@ func TestBlockEveryPeerLacksFailsAtOnce(t *testing.T) {
 }
 
 func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {
-	c := StartCluster(t, 3, manualSnapshots())
+	c := servertest.StartCluster(t, 3, manualSnapshots())
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(leader.APIAddr())
 	s := openSession(t, cli)
@@ -421,7 +410,7 @@ func TestNewNodeCatchesUpWhileLeaderWrites(t *testing.T) {
 	acked := <-done
 	c.WaitApplied(leader.AppliedIndex(), 30*time.Second)
 
-	require.GreaterOrEqual(t, n.sync.fetchedBytesTotal.Load(), uint64(32*chunk), "the new node got the base through block sync")
+	require.GreaterOrEqual(t, n.SyncFetchedBytesTotal(), uint64(32*chunk), "the new node got the base through block sync")
 	requireSnapshotsOnDisk(t, n)
 	ncli := c.Client(n.APIAddr())
 	require.Equal(t, base, readAll(t, ncli, "/base", pb.Consistency_STALE))

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -7,16 +7,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func TestStatusListsEveryNode(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Ask a follower: the answer must name the same leader and every node.
-	var follower *Node
+	var follower *server.Node
 	for _, n := range c.Nodes() {
 		if n != leader {
 			follower = n

@@ -17,22 +17,22 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/authz"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // confinedTree is what the admin makes before a confined client comes:
 // /a is the confinement, /out and /shared lie outside.
 type confinedTree struct {
 	admin                   *client.Client
-	c                       *server.Cluster
+	c                       *servertest.Cluster
 	secret, outDir, realA   uint64 // outside: /out/secret, /out; and /a itself
 	in, sub, linked, shared uint64 // inside: /a/in, /a/sub, /a/hl (a link of /shared)
 }
 
 func newConfinedTree(t *testing.T) *confinedTree {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	admin, _ := tlsClient(t, c, "admin")
 	for _, d := range []string{"/a", "/a/sub", "/out"} {
 		require.NoError(t, admin.Mkdir(d, 0o755))
@@ -77,7 +77,7 @@ func (ct *confinedTree) tokenClient(t *testing.T, role pb.Role, path string) *cl
 	return cl
 }
 
-func stat(ctx context.Context, cl *client.Client, loc *pb.Loc) (*pb.Result, error) {
+func clientStat(ctx context.Context, cl *client.Client, loc *pb.Loc) (*pb.Result, error) {
 	return cl.Query(ctx, &pb.Query{Q: &pb.Query_Stat{Stat: &pb.StatQuery{Loc: loc}}})
 }
 
@@ -99,7 +99,7 @@ func TestConfinedToken(t *testing.T) {
 	ctx := context.Background()
 	before := dumpTree(t, ct.admin, "/out")
 
-	root, err := stat(ctx, cl, &pb.Loc{Path: "/"})
+	root, err := clientStat(ctx, cl, &pb.Loc{Path: "/"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, root.Attr.Ino, "the confinement is the client's root, inode 1")
 
@@ -156,8 +156,8 @@ func TestConfinedToken(t *testing.T) {
 		name string
 		do   func() error
 	}{
-		{"stat of a file outside", func() error { _, err := stat(ctx, cl, &pb.Loc{Ino: ct.secret}); return err }},
-		{"stat of the real /a's number (the real root to it)", func() error { _, err := stat(ctx, cl, &pb.Loc{Ino: ct.realA}); return err }},
+		{"stat of a file outside", func() error { _, err := clientStat(ctx, cl, &pb.Loc{Ino: ct.secret}); return err }},
+		{"stat of the real /a's number (the real root to it)", func() error { _, err := clientStat(ctx, cl, &pb.Loc{Ino: ct.realA}); return err }},
 		{"lookup in a directory outside", func() error { _, err := cl.Lookup(ctx, ct.outDir, "secret"); return err }},
 		{"read by inode", func() error { _, err := cl.ReadIno(ctx, ct.secret, 0, make([]byte, 10)); return err }},
 		{"write by inode", func() error { _, _, err := cl.WriteIno(ctx, ct.secret, 0, []byte("x")); return err }},
@@ -216,7 +216,7 @@ func TestConfinedToken(t *testing.T) {
 	require.ErrorIs(t, err, fs.ErrNotExist, "the refused batch changed nothing")
 
 	// Inside by number: its root as 1, a file, a link across the boundary.
-	a, err := stat(ctx, cl, &pb.Loc{Ino: 1})
+	a, err := clientStat(ctx, cl, &pb.Loc{Ino: 1})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, a.Attr.Ino)
 	in, err := cl.Lookup(ctx, 1, "in")
@@ -228,7 +228,7 @@ func TestConfinedToken(t *testing.T) {
 	top, err := cl.Lookup(ctx, 1, "..")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, top.Ino, "the root's parent is itself")
-	_, err = stat(ctx, cl, &pb.Loc{Ino: ct.linked})
+	_, err = clientStat(ctx, cl, &pb.Loc{Ino: ct.linked})
 	require.NoError(t, err, "a file with a name inside")
 	des, err := cl.ReadDirIno(ctx, 1)
 	require.NoError(t, err)
@@ -240,7 +240,7 @@ func TestConfinedToken(t *testing.T) {
 	h, attr, err := cl.OpenLoc(ctx, &pb.Loc{Path: "/tmp"}, 0x42, 0o600, 0, 0, false, false)
 	require.NoError(t, err)
 	require.NoError(t, cl.Remove("/tmp"))
-	_, err = stat(ctx, cl, &pb.Loc{Ino: attr.Ino})
+	_, err = clientStat(ctx, cl, &pb.Loc{Ino: attr.Ino})
 	require.NoError(t, err, "an unlinked file it holds open")
 	_, _, err = cl.WriteHandle(ctx, h, 0, []byte("still mine"))
 	require.NoError(t, err)
@@ -254,19 +254,19 @@ func TestConfinedToken(t *testing.T) {
 
 	// A directory renamed out of the confinement leaves it.
 	require.NoError(t, ct.admin.Rename("/a/sub", "/out/sub"))
-	_, err = stat(ctx, cl, &pb.Loc{Ino: ct.sub})
+	_, err = clientStat(ctx, cl, &pb.Loc{Ino: ct.sub})
 	refused(t, err, "a directory renamed out")
 
 	// Every inode number the cluster has handed out: only what is inside
 	// answers, and under the client's numbering.
 	inside := map[uint64]bool{}
 	for _, p := range []string{"/a", "/a/in", "/a/hl", "/a/esc", "/a/abs", "/a/new2", "/a/link"} {
-		r, err := stat(ctx, ct.admin, &pb.Loc{Path: p, Nofollow: true})
+		r, err := clientStat(ctx, ct.admin, &pb.Loc{Path: p, Nofollow: true})
 		require.NoError(t, err)
 		inside[r.Attr.Ino] = true
 	}
 	for ino := uint64(1); ino < ct.realA+64; ino++ {
-		r, err := stat(ctx, cl, &pb.Loc{Ino: ino})
+		r, err := clientStat(ctx, cl, &pb.Loc{Ino: ino})
 		if err != nil {
 			continue
 		}
@@ -341,7 +341,7 @@ func TestConfinedCertificate(t *testing.T) {
 	got, err := cl.ReadFile("/in")
 	require.NoError(t, err)
 	require.Equal(t, "inside", string(got))
-	_, err = stat(context.Background(), cl, &pb.Loc{Ino: ct.secret})
+	_, err = clientStat(context.Background(), cl, &pb.Loc{Ino: ct.secret})
 	refused(t, err, "stat outside")
 
 	none := dial("tenant-b", "/b")

@@ -8,12 +8,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func TestConnectionLimits(t *testing.T) {
-	c := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Limits.MaxConnsPerHost = 40
 		cfg.Limits.HandshakeTimeout = 2 * time.Second
 	}))
@@ -31,12 +32,12 @@ func TestConnectionLimits(t *testing.T) {
 			return false
 		}
 		defer conn.Close()
-		return server.ClosedWithin(conn, 500*time.Millisecond)
+		return servertest.ClosedWithin(conn, 500*time.Millisecond)
 	}, 10*time.Second, 50*time.Millisecond)
 	// Connections that never speak are dropped after the handshake
 	// timeout, which frees their places.
 	for _, conn := range idle {
-		require.True(t, server.ClosedWithin(conn, 30*time.Second), "an idle connection outlived the handshake timeout")
+		require.True(t, servertest.ClosedWithin(conn, 30*time.Second), "an idle connection outlived the handshake timeout")
 		_ = conn.Close()
 	}
 	require.Eventually(t, func() bool {
@@ -46,7 +47,7 @@ func TestConnectionLimits(t *testing.T) {
 }
 
 func TestNewConnectionRatePerHost(t *testing.T) {
-	c := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Limits.NewConnsPerHost = 5
 	}))
 	addr := c.Node(0).APIAddr()
@@ -61,7 +62,7 @@ func TestNewConnectionRatePerHost(t *testing.T) {
 	}
 	closed := 0
 	for _, conn := range conns {
-		if server.ClosedWithin(conn, 100*time.Millisecond) {
+		if servertest.ClosedWithin(conn, 100*time.Millisecond) {
 			closed++
 		} else {
 			kept = append(kept, conn)

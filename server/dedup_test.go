@@ -1,36 +1,23 @@
-package server
+package server_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/memoryfs/memfs/fsm"
-	"github.com/memoryfs/memfs/fsm/block"
-	ft "github.com/memoryfs/memfs/fsm/fsmtest"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
-func randomBytes(n int, seed ...byte) []byte {
-	var key [32]byte
-	key[copy(key[:], seed)] = 6
-	b := make([]byte, n)
-	_, _ = rand.NewChaCha8(key).Read(b)
-	return b
-}
-
 // trafficOf returns every running node's counters by id.
-func trafficOf(c *Cluster) map[string]Traffic {
-	out := map[string]Traffic{}
+func trafficOf(c *servertest.Cluster) map[string]server.Traffic {
+	out := map[string]server.Traffic{}
 	for _, n := range c.Nodes() {
 		out[n.ID()] = n.Traffic()
 	}
@@ -38,7 +25,7 @@ func trafficOf(c *Cluster) map[string]Traffic {
 }
 
 // settle waits until every node has applied what the leader has.
-func settle(t *testing.T, c *Cluster) {
+func settle(t *testing.T, c *servertest.Cluster) {
 	t.Helper()
 	c.WaitApplied(c.WaitLeader(10*time.Second).AppliedIndex(), 30*time.Second)
 }
@@ -54,11 +41,11 @@ func TestWireDedup(t *testing.T) {
 		disable bool
 	}{{"on", false}, {"off", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := StartCluster(t, 3, WithEphemeral(), WithNodeConfig(func(_ int, cfg *Config) {
+			c := servertest.StartCluster(t, 3, servertest.WithEphemeral(), servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 				cfg.DisableWireDedup = tc.disable
 			}))
 			s := openSession(t, c.Client(c.WaitLeader(10*time.Second).APIAddr()))
-			data := randomBytes(size, 1)
+			data := server.RandomBytes(size, 1)
 			s.create("/a")
 			s.streamWrite("/a", data, 1<<20)
 			s.create("/b")
@@ -67,7 +54,7 @@ func TestWireDedup(t *testing.T) {
 			before := trafficOf(c)
 
 			s.streamWrite("/b", data, 1<<20)
-			half := append(append([]byte(nil), data[:512<<10]...), randomBytes(512<<10, 2)...)
+			half := append(append([]byte(nil), data[:512<<10]...), server.RandomBytes(512<<10, 2)...)
 			s.write("/c", 0, half)
 			settle(t, c)
 			after := trafficOf(c)
@@ -123,10 +110,10 @@ func TestWireDedup(t *testing.T) {
 // entry (EREMOTEIO) and the leader resends the data: the client sees
 // every write succeed with the right content, and nothing else.
 func TestWireDedupResendsWhenBlockFreed(t *testing.T) {
-	c := StartCluster(t, 3, WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(leader.APIAddr())
-	chunk := randomBytes(64<<10, 3) // one default-size chunk
+	chunk := server.RandomBytes(64<<10, 3) // one default-size chunk
 	put := func(path string) *pb.Command {
 		return &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
 			Loc: &pb.Loc{Path: path}, Data: chunk, Create: true, Truncate: true, Mode: 0o644}}}
@@ -193,22 +180,12 @@ func assert(t *testing.T, ok bool, format string, args ...any) bool {
 	return ok
 }
 
-func TestCountingStreamNeedsAdvertisableAddress(t *testing.T) {
-	_, err := newCountingTCPStream("0.0.0.0:0", nil, &traffic{})
-	require.Error(t, err)
-	adv := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 7101}
-	s, err := newCountingTCPStream("0.0.0.0:0", adv, &traffic{})
-	require.NoError(t, err)
-	require.Equal(t, adv, s.Addr())
-	require.NoError(t, s.Close())
-}
-
 // TestLeaderBudgetAppliesEverywhere gives the three nodes different memory
 // limits. The leader stamps its own on every entry, so all replicas refuse
 // the same writes and end with the same data and the same budget.
 func TestLeaderBudgetAppliesEverywhere(t *testing.T) {
 	limits := []uint64{1 << 20, 2 << 20, 3 << 20}
-	c := StartCluster(t, 3, WithEphemeral(), WithNodeConfig(func(i int, cfg *Config) {
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral(), servertest.WithNodeConfig(func(i int, cfg *server.Config) {
 		cfg.MemoryLimit = limits[i]
 	}))
 	s := openSession(t, c.Client(c.WaitLeader(10*time.Second).APIAddr()))
@@ -216,7 +193,7 @@ func TestLeaderBudgetAppliesEverywhere(t *testing.T) {
 	for i := range 8 {
 		path := fmt.Sprintf("/f%d", i)
 		s.create(path)
-		if errnoOf(s.apply(writeCmd(path, 0, randomBytes(512<<10, byte(10+i))))) == syscall.ENOSPC {
+		if errnoOf(s.apply(server.WriteCmd(path, 0, server.RandomBytes(512<<10, byte(10+i))))) == syscall.ENOSPC {
 			refused++
 		}
 	}
@@ -230,109 +207,5 @@ func TestLeaderBudgetAppliesEverywhere(t *testing.T) {
 		got := n.FSM().Stats()
 		require.Equal(t, want.Block, got.Block, "node %s", n.ID())
 		require.Equal(t, want.LogicalBytes, got.LogicalBytes, "node %s", n.ID())
-	}
-}
-
-// BenchmarkSlimWrite is the leader's whole dedup-on-the-wire cost for one
-// 1 MiB write: of unique data (16 hashes, nothing found, the data goes
-// with its sums) and of stored data (16 hashes and a by-hash command):
-//
-//	go test ./server/ -run '^$' -bench SlimWrite
-func BenchmarkSlimWrite(b *testing.B) {
-	for _, stored := range []bool{false, true} {
-		name := map[bool]string{false: "unique", true: "stored"}[stored]
-		b.Run(name, func(b *testing.B) {
-			f, err := fsm.New(fsm.Config{})
-			require.NoError(b, err)
-			data := randomBytes(1<<20, 5)
-			if stored {
-				r := f.Apply(1, ft.Entry(1, &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
-					Loc: ft.Path("/f"), Data: data, Create: true, Mode: 0o644}}}))
-				require.Zero(b, r[0].Errno, r[0].Message)
-			}
-			n := &Node{fsm: f}
-			cmd := writeCmd("/g", 0, data)
-			b.SetBytes(int64(len(data)))
-			for b.Loop() {
-				if slim, saved := n.slimWrite(cmd); slim == nil || (saved > 0) != stored {
-					b.Fatalf("slim %v, saved %d, stored %v", slim != nil, saved, stored)
-				}
-			}
-		})
-	}
-}
-
-// TestSlimWrite checks which pieces the leader sends by hash, which as
-// data with their sum, that each sum is its piece's hash, and that the
-// slim command keeps everything else of the original, which stays intact
-// for a resend.
-func TestSlimWrite(t *testing.T) {
-	const cs = 64 << 10
-	f, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	stored := randomBytes(4*cs, 7)
-	r := f.Apply(1, ft.Entry(1, &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{
-		Loc: ft.Path("/f"), Data: stored, Create: true, Mode: 0o644}}}))
-	require.Zero(t, r[0].Errno, r[0].Message)
-	fresh := randomBytes(2*cs, 8)
-	mixed := append(append(append([]byte(nil), stored[:2*cs]...), fresh[:cs]...), stored[3*cs:]...)
-	edges := append(append(bytes.Repeat([]byte{1}, 10), stored[:cs]...), 2)
-	tests := []struct {
-		name    string
-		w       *pb.WriteCmd
-		disable bool
-		pieces  string // per piece: h by hash, s data with its sum, - data alone; "": no slim command
-	}{
-		{"all stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, false, "hhhh"},
-		{"mixed", &pb.WriteCmd{Handle: 9, Offset: 8 * cs, Data: mixed}, false, "hhsh"},
-		{"unaligned edges", &pb.WriteCmd{Loc: ft.Path("/g"), Offset: cs - 10, Data: edges}, false, "-h-"},
-		{"create and truncate kept", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:2*cs], Create: true, Truncate: true, Mode: 0o600, Uid: 5, Gid: 6, Excl: true},
-			false, "hh"},
-		{"nothing stored", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh}, false, "ss"},
-		{"a partial last piece", &pb.WriteCmd{Loc: ft.Path("/g"), Data: fresh[:cs+5]}, false, "s-"},
-		{"shorter than a chunk", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored[:cs-1]}, false, ""},
-		{"append", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored, Append: true}, false, ""},
-		{"already by hash", &pb.WriteCmd{Loc: ft.Path("/g"), Hashes: [][]byte{make([]byte, 32)}, Length: cs}, false, ""},
-		{"wire dedup disabled", &pb.WriteCmd{Loc: ft.Path("/g"), Data: stored}, true, "ssss"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			n := &Node{fsm: f, cfg: Config{DisableWireDedup: tc.disable}}
-			cmd := &pb.Command{Session: 3, Seq: 4, Ack: 2, Op: &pb.Command_Write{Write: tc.w}}
-			orig := proto.Clone(cmd)
-			slim, saved := n.slimWrite(cmd)
-			require.True(t, proto.Equal(orig, cmd), "the original must stay intact for a resend")
-			if tc.pieces == "" {
-				require.Nil(t, slim)
-				return
-			}
-			sw := slim.GetWrite()
-			require.Len(t, sw.Hashes, len(tc.pieces))
-			require.Len(t, sw.Sums, len(tc.pieces))
-			var want uint64
-			for i, kind := range tc.pieces {
-				lo := max(int64(i)*cs-tc.w.Offset%cs, 0)
-				hi := min(int64(i+1)*cs-tc.w.Offset%cs, int64(len(tc.w.Data)))
-				sum := block.Sum(tc.w.Data[lo:hi])
-				switch kind {
-				case 'h':
-					require.Equal(t, sum[:], sw.Hashes[i], "piece %d", i)
-					require.Empty(t, sw.Sums[i], "piece %d", i)
-					want += cs
-				case 's':
-					require.Empty(t, sw.Hashes[i], "piece %d", i)
-					require.Equal(t, sum[:], sw.Sums[i], "piece %d", i)
-				default:
-					require.Empty(t, sw.Hashes[i], "piece %d", i)
-					require.Empty(t, sw.Sums[i], "piece %d", i)
-				}
-			}
-			require.Equal(t, want, saved)
-			require.Equal(t, uint64(len(tc.w.Data)), sw.Length)
-			require.Equal(t, uint64(len(tc.w.Data))-saved, uint64(len(sw.Data)))
-			// Everything but data, hashes, sums and length is the original's.
-			sw.Data, sw.Hashes, sw.Sums, sw.Length = tc.w.Data, nil, nil, 0
-			require.True(t, proto.Equal(orig, slim), "slim command differs beyond data, hashes and sums")
-		})
 	}
 }

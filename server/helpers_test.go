@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // Linux open flags used by the tests.
@@ -105,20 +107,16 @@ func (s *session) create(path string) {
 // write writes data at off into the file at path (unary: ≤ 1 MiB).
 func (s *session) write(path string, off int64, data []byte) *pb.Result {
 	s.t.Helper()
-	res := s.apply(writeCmd(path, off, data))
+	res := s.apply(server.WriteCmd(path, off, data))
 	require.Zero(s.t, res.Errno, "write %s: %s", path, res.Message)
 	return res
-}
-
-func writeCmd(path string, off int64, data []byte) *pb.Command {
-	return &pb.Command{Op: &pb.Command_Write{Write: &pb.WriteCmd{Loc: &pb.Loc{Path: path}, Offset: off, Data: data}}}
 }
 
 // streamWrite writes data with the Write stream in frames of frame bytes.
 func (s *session) streamWrite(path string, data []byte, frame int) *pb.Result {
 	s.t.Helper()
 	s.seq++
-	cmd := writeCmd(path, 0, nil)
+	cmd := server.WriteCmd(path, 0, nil)
 	cmd.Session, cmd.Seq = s.id, s.seq
 	cmd.GetWrite().Length = uint64(len(data))
 	var resp *pb.ApplyResponse
@@ -169,7 +167,7 @@ func readAll(t testing.TB, cli pb.MemFSClient, path string, c pb.Consistency) []
 	err := retryUnavailable(func(ctx context.Context) error {
 		out = nil
 		st, err := cli.Read(ctx, &pb.QueryRequest{Version: pb.Version, Consistency: c,
-			Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{Loc: &pb.Loc{Path: path}, Length: MaxReadBytes}}}})
+			Query: &pb.Query{Q: &pb.Query_Read{Read: &pb.ReadQuery{Loc: &pb.Loc{Path: path}, Length: server.MaxReadBytes}}}})
 		if err != nil {
 			return err
 		}
@@ -206,7 +204,7 @@ func pattern(n int, seed byte) []byte {
 	return b
 }
 
-func follower(c *Cluster, leader *Node, skip int) *Node {
+func follower(c *servertest.Cluster, leader *server.Node, skip int) *server.Node {
 	for _, n := range c.Nodes() {
 		if n != leader {
 			if skip == 0 {

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"testing"
@@ -7,14 +7,16 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // A leader asked to remove itself hands leadership over first: the
 // removal is then committed by the new leader, and the old node's Raft
 // goes on as a follower instead of shutting down as a removed leader.
 func TestRemoveLeaderHandsOverFirst(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	ctx := ctxTimeout(t, 20*time.Second)
 	_, err := c.Client(leader.APIAddr()).RemoveNode(ctx, &pb.RemoveNodeRequest{Version: pb.Version, Id: leader.ID()})
@@ -46,20 +48,20 @@ func TestRemoveLeaderHandsOverFirst(t *testing.T) {
 // alone is applied, so the node stays in the configuration and knows the
 // leader: the window that is otherwise a matter of timing stays open.
 func TestNodeBeingRemovedDoesNotReAddItself(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	gone := follower(c, leader, 0)
 	ctx := ctxTimeout(t, 20*time.Second)
-	require.NoError(t, waitFuture(ctx, leader.raft.Apply(encodeMeta(metaOp{Op: "del", ID: gone.ID()}), 0)))
+	require.NoError(t, leader.DeleteMember(ctx, gone.ID()))
 	c.WaitApplied(leader.AppliedIndex(), 10*time.Second)
-	require.NotEmpty(t, gone.rfsm.memberMap(), "the node has the member map")
+	require.NotEmpty(t, gone.MemberMap(), "the node has the member map")
 	require.NotContains(t, gone.Members(), gone.ID())
 
 	time.Sleep(2500 * time.Millisecond) // the node checks its address once a second
 	require.NotContains(t, leader.Members(), gone.ID(), "the node asked to be recorded again")
 
-	require.NoError(t, waitFuture(ctx, leader.raft.RemoveServer(raft.ServerID(gone.ID()), 0, 0)))
+	require.NoError(t, server.WaitFuture(ctx, leader.Raft().RemoveServer(raft.ServerID(gone.ID()), 0, 0)))
 	time.Sleep(1500 * time.Millisecond)
-	_, in := leader.suffrage(gone.ID())
+	_, in := leader.Suffrage(gone.ID())
 	require.False(t, in, "%s is in the configuration again", gone.ID())
 }

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"fmt"
@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestProcessLimitLeavesBlocksTheRest runs a one-node cluster with a
@@ -20,20 +23,20 @@ import (
 // against the limit like any other memory.
 func TestProcessLimitLeavesBlocksTheRest(t *testing.T) {
 	limit := uint64(384 << 20)
-	if m := ReadProcessMemory(); m.Anon > 0 {
+	if m := server.ReadProcessMemory(); m.Anon > 0 {
 		limit += m.Anon
 	}
-	c := StartCluster(t, 1, WithEphemeral(), WithNodeConfig(func(_ int, cfg *Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithEphemeral(), servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.ProcessMemoryLimit = limit
 	}))
 	n := c.WaitLeader(10 * time.Second)
-	require.NotNil(t, n.memory)
+	require.True(t, n.HasMemoryGovernor())
 	s := openSession(t, c.Client(n.APIAddr()))
 	stored, refused := 0, 0
 	for i := 0; refused < 3 && i < 1000; i++ {
 		path := fmt.Sprintf("/f%d", i)
 		s.create(path)
-		switch errnoOf(s.apply(writeCmd(path, 0, randomBytes(1<<20, byte(i), byte(i>>8))))) {
+		switch errnoOf(s.apply(server.WriteCmd(path, 0, server.RandomBytes(1<<20, byte(i), byte(i>>8))))) {
 		case 0:
 			stored++
 			refused = 0
@@ -48,20 +51,11 @@ func TestProcessLimitLeavesBlocksTheRest(t *testing.T) {
 	require.Positive(t, stored)
 	// The budget may have dropped below what is stored since (the process
 	// needs more for itself later); what is stored stays.
-	require.Less(t, st.Limit, limit-governorMargin, "the budget leaves the process its own memory")
-	m := ReadProcessMemory()
+	require.Less(t, st.Limit, limit-server.GovernorMargin, "the budget leaves the process its own memory")
+	m := server.ReadProcessMemory()
 	require.GreaterOrEqual(t, m.Blocks, st.PhysicalBytes, "blocks are resident in the arena")
 	if m.Anon > 0 { // Linux
 		require.Less(t, m.Anon, limit)
 	}
 	t.Logf("stored %d MiB; budget %d MiB; anonymous %d MiB of which blocks %d", stored, st.Limit>>20, m.Anon>>20, m.Blocks>>20)
-}
-
-func TestConfigRefusesAProcessLimitTooSmallForTheNode(t *testing.T) {
-	c := Config{ID: "a", Ephemeral: true, ProcessMemoryLimit: MinProcessMemoryLimit - 1}
-	require.ErrorContains(t, c.check(), "needs for itself")
-	c.ProcessMemoryLimit = MinProcessMemoryLimit
-	if err := c.check(); err != nil {
-		require.NotContains(t, err.Error(), "needs for itself")
-	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/fsm/block"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // metrics are one node's Prometheus metrics, all declared here. Each node

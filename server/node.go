@@ -19,7 +19,7 @@ import (
 	"github.com/memoryfs/memfs/fsm"
 	"github.com/memoryfs/memfs/internal/grpcopts"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/blockdir"
 )
 
@@ -476,9 +476,11 @@ func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
 	return n.rfsm.waitApplied(ctx, index)
 }
 
-// leaderIsReady reports whether this node leads and may serve
-// linearizable reads.
-func (n *Node) leaderIsReady() bool {
+// LeaderReady reports whether this node leads and has applied an entry of
+// its own term, so that it may serve linearizable reads: until then its
+// commit index may lag entries an earlier leader committed. Whoever waits
+// for a cluster that can serve (a health probe, a test harness) polls it.
+func (n *Node) LeaderReady() bool {
 	return n.IsLeader() && n.ready.readyIn(n.raft.CurrentTerm())
 }
 

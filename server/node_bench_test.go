@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"encoding/binary"
@@ -6,11 +6,12 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // BenchmarkNode measures the node's command path end to end: gRPC to the
@@ -19,15 +20,15 @@ import (
 //
 //	go test ./server/ -run '^$' -bench Node -benchtime 3s
 func BenchmarkNode(b *testing.B) {
-	for _, store := range []string{LogStoreBolt, LogStoreWAL, LogStoreMem} {
+	for _, store := range []string{server.LogStoreBolt, server.LogStoreWAL, server.LogStoreMem} {
 		b.Run(store+"/write-1MiB-x16", func(b *testing.B) { benchWrites(b, store, 1<<20, 16) })
 		b.Run(store+"/create-4KiB-x32", func(b *testing.B) { benchCreates(b, store, 32) })
 		b.Run(store+"/mkdir-x32", func(b *testing.B) { benchMkdirs(b, store, 32) })
 	}
 }
 
-func benchCluster(b *testing.B, store string) (*Cluster, pb.MemFSClient) {
-	c := StartCluster(b, 3, WithLogStore(store), WithNodeConfig(func(_ int, cfg *Config) {
+func benchCluster(b *testing.B, store string) (*servertest.Cluster, pb.MemFSClient) {
+	c := servertest.StartCluster(b, 3, servertest.WithLogStore(store), servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}))
 	leader := c.WaitLeader(10 * time.Second)
@@ -54,7 +55,7 @@ func benchWritesTo(b *testing.B, cli pb.MemFSClient, size, procs int, unique boo
 	b.ResetTimer()
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	cpu0 := cpuTime()
+	cpu0 := server.CPUTime()
 	for w, s := range sessions {
 		wg.Go(func() {
 			path := fmt.Sprintf("/w%d", w)
@@ -73,7 +74,7 @@ func benchWritesTo(b *testing.B, cli pb.MemFSClient, size, procs int, unique boo
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
-	b.ReportMetric((cpuTime()-cpu0).Seconds()*1e3/(float64(b.N)*float64(size)/1e6), "cpu-ms/MB")
+	b.ReportMetric((server.CPUTime()-cpu0).Seconds()*1e3/(float64(b.N)*float64(size)/1e6), "cpu-ms/MB")
 }
 
 // stamp writes n and the position at the start of every 4 KiB of data,
@@ -84,16 +85,6 @@ func stamp(data []byte, n uint64) {
 		binary.LittleEndian.PutUint64(data[i:], n)
 		binary.LittleEndian.PutUint64(data[i+8:], uint64(i))
 	}
-}
-
-// cpuTime is the process's user and system CPU time (every node and the
-// clients: they share the process).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkWireDedup compares 1 MiB writes with dedup on the wire and
@@ -107,7 +98,7 @@ func BenchmarkWireDedup(b *testing.B) {
 	for _, data := range []string{"unique", "same"} {
 		for _, mode := range []string{"on", "off"} {
 			b.Run(data+"/"+mode, func(b *testing.B) {
-				c := StartCluster(b, 3, WithLogStore(LogStoreMem), WithNodeConfig(func(_ int, cfg *Config) {
+				c := servertest.StartCluster(b, 3, servertest.WithLogStore(server.LogStoreMem), servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 					cfg.Logger = slog.New(slog.DiscardHandler)
 					cfg.DisableWireDedup = mode == "off"
 				}))
@@ -185,7 +176,7 @@ func benchMkdirs(b *testing.B, store string, procs int) {
 //
 //	go test ./server/ -run '^$' -bench CloneTree10k -benchtime 5x
 func BenchmarkCloneTree10k(b *testing.B) {
-	_, cli := benchCluster(b, LogStoreBolt)
+	_, cli := benchCluster(b, server.LogStoreBolt)
 	s := openSession(b, cli)
 	s.mkdir("/src")
 	sessions := make([]*session, 32)

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -13,11 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/metadata"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func TestWriteOnOneNodeReadOnAnother(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	f1, f2 := follower(c, leader, 0), follower(c, leader, 1)
 
@@ -57,7 +59,7 @@ func TestWriteOnOneNodeReadOnAnother(t *testing.T) {
 }
 
 func TestConcurrentCommandsGetTheirOwnResults(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(follower(c, leader, 0).APIAddr())
 	first := leader.Raft().LastIndex()
@@ -82,7 +84,7 @@ func TestConcurrentCommandsGetTheirOwnResults(t *testing.T) {
 }
 
 func TestLeaderFailoverKeepsWriting(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(follower(c, leader, 0).APIAddr()))
 	s.create("/f")
@@ -115,9 +117,9 @@ func TestLeaderFailoverKeepsWriting(t *testing.T) {
 }
 
 func TestRestartEveryNodeFromItsDataDir(t *testing.T) {
-	for _, store := range []string{LogStoreBolt, LogStoreWAL} {
+	for _, store := range []string{server.LogStoreBolt, server.LogStoreWAL} {
 		t.Run(store, func(t *testing.T) {
-			c := StartCluster(t, 3, WithLogStore(store))
+			c := servertest.StartCluster(t, 3, servertest.WithLogStore(store))
 			leader := c.WaitLeader(10 * time.Second)
 			s := openSession(t, c.Client(leader.APIAddr()))
 			want := map[string][]byte{}
@@ -146,7 +148,7 @@ func TestRestartEveryNodeFromItsDataDir(t *testing.T) {
 }
 
 func TestGracefulStopHandsOverLeadership(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(follower(c, leader, 0).APIAddr()))
 	s.mkdir("/before")
@@ -158,7 +160,7 @@ func TestGracefulStopHandsOverLeadership(t *testing.T) {
 }
 
 func TestJoinAfterSnapshotCatchesUp(t *testing.T) {
-	c := StartCluster(t, 3, WithNodeConfig(func(_ int, cfg *Config) {
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Raft.SnapshotThreshold = 16
 		cfg.Raft.TrailingLogs = 4
 		cfg.Raft.SnapshotInterval = 50 * time.Millisecond
@@ -174,12 +176,12 @@ func TestJoinAfterSnapshotCatchesUp(t *testing.T) {
 	}
 	// The leader snapshots and truncates its log behind the snapshot.
 	require.Eventually(t, func() bool {
-		first, err := leader.stores.Log.FirstIndex()
-		snaps, lerr := leader.stores.Snapshots.List()
+		first, err := leader.Stores().Log.FirstIndex()
+		snaps, lerr := leader.Stores().Snapshots.List()
 		return err == nil && lerr == nil && len(snaps) > 0 && first > 1
 	}, 20*time.Second, 20*time.Millisecond, "log never truncated")
-	first, _ := leader.stores.Log.FirstIndex()
-	last, _ := leader.stores.Log.LastIndex()
+	first, _ := leader.Stores().Log.FirstIndex()
+	last, _ := leader.Stores().Log.LastIndex()
 	t.Logf("leader log holds entries %d..%d", first, last)
 
 	// A new node must be sent the snapshot: the log no longer starts at 1.
@@ -208,7 +210,7 @@ func TestJoinAfterSnapshotCatchesUp(t *testing.T) {
 }
 
 func TestRemoveNode(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	i := c.AddNode()
 	removed := c.Node(i)
@@ -229,12 +231,12 @@ func TestRemoveNode(t *testing.T) {
 }
 
 func TestFollowerNamesLeaderWhenItCannotForward(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	f := follower(c, leader, 0)
 	// A forwarded request is never forwarded again: the follower answers
 	// UNAVAILABLE and names the leader.
-	ctx := metadata.AppendToOutgoingContext(ctxTimeout(t, 10*time.Second), forwardedKey, "1")
+	ctx := metadata.AppendToOutgoingContext(ctxTimeout(t, 10*time.Second), server.ForwardedKey, "1")
 	var tr metadata.MD
 	_, err := c.Client(f.APIAddr()).Apply(ctx, &pb.ApplyRequest{Version: pb.Version,
 		Command: &pb.Command{Op: &pb.Command_Tick{Tick: &pb.TickCmd{}}}}, grpcTrailer(&tr))
@@ -243,7 +245,7 @@ func TestFollowerNamesLeaderWhenItCannotForward(t *testing.T) {
 }
 
 func TestForwardedAnswerNamesLeader(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(follower(c, leader, 0).APIAddr())
 	s := openSession(t, cli)
@@ -258,7 +260,7 @@ func TestForwardedAnswerNamesLeader(t *testing.T) {
 	}{
 		{"Apply", func(ctx context.Context) (metadata.MD, error) {
 			s.seq++
-			cmd := writeCmd("/f", 0, []byte("apply"))
+			cmd := server.WriteCmd("/f", 0, []byte("apply"))
 			cmd.Session, cmd.Seq = s.id, s.seq
 			var tr metadata.MD
 			_, err := cli.Apply(ctx, &pb.ApplyRequest{Version: pb.Version, Command: cmd}, grpcTrailer(&tr))
@@ -271,7 +273,7 @@ func TestForwardedAnswerNamesLeader(t *testing.T) {
 		}},
 		{"Write", func(ctx context.Context) (metadata.MD, error) {
 			s.seq++
-			cmd := writeCmd("/f", 0, nil)
+			cmd := server.WriteCmd("/f", 0, nil)
 			cmd.Session, cmd.Seq = s.id, s.seq
 			cmd.GetWrite().Length = 6
 			st, err := cli.Write(ctx)
@@ -315,7 +317,7 @@ func TestForwardedAnswerNamesLeader(t *testing.T) {
 }
 
 func TestHandleQueryWaitsForExclusiveOpen(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(follower(c, leader, 0).APIAddr())
 	a, b := openSession(t, cli), openSession(t, cli)
@@ -347,7 +349,7 @@ func TestHandleQueryWaitsForExclusiveOpen(t *testing.T) {
 }
 
 func TestWatchStreamsChanges(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	f := follower(c, leader, 0)
 	ctx := ctxTimeout(t, 20*time.Second)
@@ -368,7 +370,7 @@ func TestWatchStreamsChanges(t *testing.T) {
 
 func TestUnixSocketServesTheAPI(t *testing.T) {
 	sock := t.TempDir() + "/n.sock"
-	c := StartCluster(t, 1, WithNodeConfig(func(_ int, cfg *Config) { cfg.UnixSocket = sock }))
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) { cfg.UnixSocket = sock }))
 	c.WaitLeader(10 * time.Second)
 	cli := c.Client("unix://" + sock)
 	s := openSession(t, cli)
@@ -377,7 +379,7 @@ func TestUnixSocketServesTheAPI(t *testing.T) {
 }
 
 func TestEphemeralClusterServes(t *testing.T) {
-	c := StartCluster(t, 3, WithEphemeral())
+	c := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	leader := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(leader.APIAddr()))
 	s.mkdir("/mem")
@@ -390,7 +392,7 @@ func TestEphemeralClusterServes(t *testing.T) {
 }
 
 func TestLeaseTicksAdvanceLogTime(t *testing.T) {
-	c := StartCluster(t, 1, WithNodeConfig(func(_ int, cfg *Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.TickInterval = 20 * time.Millisecond
 	}))
 	leader := c.WaitLeader(10 * time.Second)
@@ -408,7 +410,7 @@ func TestLeaseTicksAdvanceLogTime(t *testing.T) {
 
 func TestLeaderStampsItsClock(t *testing.T) {
 	stamp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	c := StartCluster(t, 1, WithNodeConfig(func(_ int, cfg *Config) {
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Clock = func() time.Time { return stamp }
 	}))
 	leader := c.WaitLeader(10 * time.Second)
@@ -420,14 +422,17 @@ func TestLeaderStampsItsClock(t *testing.T) {
 }
 
 func TestRestartOnNewAPIAddressUpdatesTheMap(t *testing.T) {
-	c := StartCluster(t, 3)
+	moved := -1
+	c := servertest.StartCluster(t, 3, servertest.WithRestartConfig(func(i int, cfg *server.Config) {
+		if i == moved {
+			cfg.APIAddr = "127.0.0.1:0" // comes back on another port
+		}
+	}))
 	leader := c.WaitLeader(10 * time.Second)
 	i := c.Index(follower(c, leader, 0))
 	old := c.Node(i).APIAddr()
 	c.Kill(i)
-	c.mu.Lock()
-	c.cfgs[i].APIAddr = "127.0.0.1:0" // comes back on another port
-	c.mu.Unlock()
+	moved = i
 	n := c.Restart(i)
 	require.NotEqual(t, old, n.APIAddr())
 	require.Eventually(t, func() bool {

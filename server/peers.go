@@ -13,7 +13,7 @@ import (
 
 	"github.com/memoryfs/memfs/internal/grpcopts"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // forwardedKey marks a request a follower forwarded, so the receiver never

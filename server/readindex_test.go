@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -13,306 +13,32 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
-
-// fakeRaft is the raftView of a node the test steers.
-type fakeRaft struct {
-	mu     sync.Mutex
-	state  raft.RaftState
-	term   uint64
-	leader raft.ServerID
-	conf   raft.Configuration
-}
-
-func (f *fakeRaft) State() raft.RaftState {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.state
-}
-
-func (f *fakeRaft) CurrentTerm() uint64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.term
-}
-
-func (f *fakeRaft) LeaderWithID() (raft.ServerAddress, raft.ServerID) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return raft.ServerAddress(f.leader), f.leader
-}
-
-func (f *fakeRaft) latestConfiguration() (raft.Configuration, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.conf.Clone(), nil
-}
-
-func (f *fakeRaft) set(state raft.RaftState, term uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.state, f.term = state, term
-}
-
-func voters(ids ...string) raft.Configuration {
-	var c raft.Configuration
-	for _, id := range ids {
-		c.Servers = append(c.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(id)})
-	}
-	return c
-}
-
-// fakeClock is a monotonic clock the test advances.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1000, 0)} }
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// testLease is a lease on a fake clock, led by "a" in term 5 of conf.
-func testLease(t *testing.T, conf raft.Configuration) (*readLease, *fakeRaft, *fakeClock) {
-	t.Helper()
-	l := newReadLease(Config{Raft: DefaultRaftTuning()}, false)
-	clk := newFakeClock()
-	l.now = clk.now
-	v := &fakeRaft{state: raft.Leader, term: 5, leader: "a", conf: conf}
-	l.attach(v)
-	return l, v, clk
-}
-
-// ack plays one AppendEntries to id that took a millisecond.
-func ack(l *readLease, clk *fakeClock, id string, term uint64) {
-	prev := l.lastSent(raft.ServerID(id), term)
-	sent := clk.now()
-	clk.advance(time.Millisecond)
-	l.acked(raft.ServerID(id), term, prev, sent, clk.now())
-}
-
-func TestReadLeaseTimingLeavesTheDriftMargin(t *testing.T) {
-	for _, hb := range []time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 5 * time.Second} {
-		lease, window := leaseTiming(RaftTuning{HeartbeatTimeout: hb})
-		worst := (1 + maxClockRateDrift) / (1 - maxClockRateDrift) // one clock against another
-		require.Positive(t, lease)
-		require.Less(t, float64(lease)*worst, float64(hb)*leaseFraction, "hb %v", hb)
-		require.Less(t, float64(window)*worst, float64(hb), "hb %v", hb)
-		require.Less(t, lease, window)
-	}
-}
-
-func TestReadLeaseNeedsUnbrokenContactWithAMajority(t *testing.T) {
-	l, v, clk := testLease(t, voters("a", "b", "c"))
-	held := func(term uint64) bool {
-		_, ok := l.remaining(term, "a")
-		return ok
-	}
-	require.False(t, held(5), "no answers yet")
-	ack(l, clk, "b", 5)
-	require.False(t, held(5), "a first answer might race a vote: it does not back the lease")
-	clk.advance(50 * time.Millisecond)
-	sent := clk.now()
-	ack(l, clk, "b", 5)
-	left, ok := l.remaining(5, "a")
-	require.True(t, ok, "a second answer within the window backs it: b with a is a majority")
-	require.Equal(t, l.dur-clk.now().Sub(sent), left)
-	require.False(t, held(4), "only in the term of the answers")
-
-	clk.advance(l.dur)
-	require.False(t, held(5), "the lease lapses")
-	clk.advance(l.window)
-	ack(l, clk, "b", 5)
-	require.False(t, held(5), "after a gap longer than the window b may have lost the leader")
-	ack(l, clk, "b", 5)
-	require.True(t, held(5))
-
-	v.set(raft.Follower, 5)
-	require.False(t, held(5), "not while a follower")
-	v.set(raft.Leader, 6)
-	require.False(t, held(5), "not once the term changed")
-	require.False(t, held(6), "answers of term 5 do not back term 6")
-	ack(l, clk, "b", 6)
-	ack(l, clk, "b", 6)
-	require.True(t, held(6))
-	ack(l, clk, "c", 5)
-	ack(l, clk, "c", 5)
-	require.True(t, held(6), "a late answer of an earlier term changes nothing")
-
-	l.revoke()
-	require.False(t, held(6), "given up for the term (leadership transfer)")
-	v.set(raft.Leader, 7)
-	ack(l, clk, "b", 7)
-	ack(l, clk, "b", 7)
-	require.True(t, held(7), "a later term may hold a lease again")
-}
-
-func TestReadLeaseEndsAtTheMajorityThAnswer(t *testing.T) {
-	conf := voters("a", "b", "c", "d", "e")
-	conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Nonvoter, ID: "f", Address: "f"})
-	l, _, clk := testLease(t, conf)
-	backed := map[string]time.Time{}
-	for _, id := range []string{"f", "b", "c", "d"} {
-		ack(l, clk, id, 5)
-		clk.advance(10 * time.Millisecond)
-		backed[id] = clk.now()
-		ack(l, clk, id, 5)
-	}
-	// Five voters: a and two others. The answers from d and c are the two
-	// latest; the non-voter f does not count.
-	left, ok := l.remaining(5, "a")
-	require.True(t, ok)
-	require.Equal(t, backed["c"].Add(l.dur).Sub(clk.now()), left)
-
-	left, ok = l.remaining(5, "f")
-	require.True(t, ok, "a leader that is not a voter (leaving) needs three others")
-	require.Equal(t, backed["b"].Add(l.dur).Sub(clk.now()), left)
-
-	single, _, _ := testLease(t, voters("a"))
-	_, ok = single.remaining(5, "a")
-	require.True(t, ok, "a single voter needs no one")
-}
-
-// inmemPair connects two in-memory transports; cleanup closes them.
-func inmemPair(t *testing.T) (addrA raft.ServerAddress, a *raft.InmemTransport, addrB raft.ServerAddress, b *raft.InmemTransport) {
-	t.Helper()
-	addrA, a = raft.NewInmemTransport("")
-	addrB, b = raft.NewInmemTransport("")
-	a.Connect(addrB, b)
-	b.Connect(addrA, a)
-	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-	return addrA, a, addrB, b
-}
-
-// serveRPCs plays Raft on ch until the test ends: handle answers each RPC.
-func serveRPCs(t *testing.T, ch <-chan raft.RPC, handle func(raft.RPC)) {
-	done := make(chan struct{})
-	t.Cleanup(func() { close(done) })
-	go func() {
-		for {
-			select {
-			case rpc := <-ch:
-				handle(rpc)
-			case <-done:
-				return
-			}
-		}
-	}()
-}
-
-func TestLeaseTransportTimesAppendsAndDropsTheLeaseBeforeTimeoutNow(t *testing.T) {
-	_, a, addrB, b := inmemPair(t)
-	l := newReadLease(Config{Raft: DefaultRaftTuning()}, false)
-	v := &fakeRaft{state: raft.Leader, term: 3, leader: "a", conf: voters("a", "b")}
-	l.attach(v)
-	tr := l.transport(newVoteGate(a, "a", false))
-	t.Cleanup(func() { _ = tr.Close() })
-
-	heldAtTimeoutNow := make(chan bool, 1)
-	serveRPCs(t, b.Consumer(), func(rpc raft.RPC) {
-		switch rpc.Command.(type) {
-		case *raft.AppendEntriesRequest:
-			rpc.Respond(&raft.AppendEntriesResponse{Term: v.CurrentTerm(), Success: true}, nil)
-		case *raft.TimeoutNowRequest:
-			_, ok := l.remaining(3, "a")
-			heldAtTimeoutNow <- ok
-			rpc.Respond(&raft.TimeoutNowResponse{}, nil)
-		}
-	})
-	appendEntries := func(term uint64) {
-		var resp raft.AppendEntriesResponse
-		require.NoError(t, tr.AppendEntries("b", addrB, &raft.AppendEntriesRequest{Term: term}, &resp))
-		require.True(t, resp.Success)
-	}
-	appendEntries(3)
-	appendEntries(3)
-	_, ok := l.remaining(3, "a")
-	require.True(t, ok, "two answered AppendEntries back the lease")
-
-	require.NoError(t, tr.TimeoutNow("b", addrB, &raft.TimeoutNowRequest{}, &raft.TimeoutNowResponse{}))
-	require.False(t, <-heldAtTimeoutNow, "the lease is gone before the target can start its election")
-	appendEntries(3)
-	_, ok = l.remaining(3, "a")
-	require.False(t, ok, "and stays gone for the term")
-}
-
-func TestLeaseTransportHoldsVotesAfterARestartAndRefusesStrayTimeoutNow(t *testing.T) {
-	_, a, addrB, b := inmemPair(t)
-	l := newReadLease(Config{Raft: DefaultRaftTuning()}, true)
-	clk := newFakeClock()
-	l.now = clk.now
-	l.holdUntil = clk.now().Add(DefaultRaftTuning().HeartbeatTimeout) // as newReadLease, on the fake clock
-	v := &fakeRaft{state: raft.Follower, term: 7, leader: "a", conf: voters("a", "b", "c")}
-	l.attach(v)
-	tr := l.transport(newVoteGate(b, "b", false))
-	t.Cleanup(func() { _ = tr.Close() })
-
-	got := make(chan raft.RPC, 4)
-	serveRPCs(t, tr.Consumer(), func(rpc raft.RPC) {
-		got <- rpc
-		switch rpc.Command.(type) {
-		case *raft.RequestVoteRequest:
-			rpc.Respond(&raft.RequestVoteResponse{Term: 8, Granted: true}, nil)
-		case *raft.RequestPreVoteRequest:
-			rpc.Respond(&raft.RequestPreVoteResponse{Term: 8, Granted: true}, nil)
-		case *raft.TimeoutNowRequest:
-			rpc.Respond(&raft.TimeoutNowResponse{}, nil)
-		}
-	})
-
-	var vr raft.RequestVoteResponse
-	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 8}, &vr))
-	require.False(t, vr.Granted, "a restarted node holds its vote back")
-	var pr raft.RequestPreVoteResponse
-	require.NoError(t, a.RequestPreVote("b", addrB, &raft.RequestPreVoteRequest{Term: 8}, &pr))
-	require.False(t, pr.Granted)
-	require.Empty(t, got, "Raft never saw them")
-
-	clk.advance(DefaultRaftTuning().HeartbeatTimeout)
-	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 8}, &vr))
-	require.True(t, vr.Granted, "after the hold Raft answers")
-	require.IsType(t, &raft.RequestVoteRequest{}, (<-got).Command)
-
-	stray := &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{ID: []byte("c")}}
-	require.ErrorIs(t, a.TimeoutNow("b", addrB, stray, &raft.TimeoutNowResponse{}), errStrayTimeoutNow,
-		"only the leader b follows may hand leadership to it")
-	fromLeader := &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{ID: []byte("a")}}
-	require.NoError(t, a.TimeoutNow("b", addrB, fromLeader, &raft.TimeoutNowResponse{}))
-	require.IsType(t, &raft.TimeoutNowRequest{}, (<-got).Command)
-}
 
 // slowHeartbeats makes the lease's margins wide enough for a loaded test
 // machine: heartbeats every 100-200 ms, a lease of 470 ms.
-func slowHeartbeats(_ int, c *Config) {
+func slowHeartbeats(_ int, c *server.Config) {
 	c.Raft.HeartbeatTimeout, c.Raft.ElectionTimeout, c.Raft.LeaderLeaseTimeout = time.Second, time.Second, time.Second
 }
 
 // waitLease polls until n holds the read lease of its current term.
-func waitLease(t *testing.T, n *Node) {
+func waitLease(t *testing.T, n *server.Node) {
 	t.Helper()
 	require.Eventually(t, func() bool { return holdsLease(n) }, 10*time.Second, 5*time.Millisecond)
 }
 
-func holdsLease(n *Node) bool {
-	_, ok := n.lease.remaining(n.raft.CurrentTerm(), raft.ServerID(n.ID()))
+func holdsLease(n *server.Node) bool {
+	_, ok := n.LeaseRemaining()
 	return ok
 }
 
 // otherLeader returns a ready leader other than old, or nil.
-func otherLeader(c *Cluster, old *Node) *Node {
+func otherLeader(c *servertest.Cluster, old *server.Node) *server.Node {
 	for _, n := range c.Nodes() {
-		if n != old && n.leaderIsReady() {
+		if n != old && n.LeaderReady() {
 			return n
 		}
 	}
@@ -333,65 +59,65 @@ func readString(t *testing.T, cli pb.MemFSClient, path string) string {
 }
 
 func TestLinearizableReadsUnderTheLeaseRunNoRounds(t *testing.T) {
-	c := StartCluster(t, 3, WithNodeConfig(slowHeartbeats))
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(slowHeartbeats))
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(leader.APIAddr())
 	s := openSession(t, cli)
 	s.create("/f")
 	waitLease(t, leader)
 
-	rounds, served := leader.verifier.roundsRun.Load(), leader.lease.served.Load()
+	rounds, served := leader.VerifyRounds(), leader.LeaseServed()
 	const n = 200
 	for i := range n {
 		want := fmt.Sprintf("%08d", i)
 		s.write("/f", 0, []byte(want))
 		require.Equal(t, want, readString(t, cli, "/f"), "a read sees the write acknowledged before it")
 	}
-	require.Equal(t, rounds, leader.verifier.roundsRun.Load(), "no VerifyLeader round")
-	require.Equal(t, served+n, leader.lease.served.Load(), "every read answered under the lease")
+	require.Equal(t, rounds, leader.VerifyRounds(), "no VerifyLeader round")
+	require.Equal(t, served+n, leader.LeaseServed(), "every read answered under the lease")
 }
 
 func TestWithoutTheLeaseEveryReadWaitsForARound(t *testing.T) {
-	c := StartCluster(t, 3, WithNodeConfig(func(_ int, c *Config) { c.DisableReadLease = true }))
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(func(_ int, c *server.Config) { c.DisableReadLease = true }))
 	leader := c.WaitLeader(10 * time.Second)
 	cli := c.Client(leader.APIAddr())
 	s := openSession(t, cli)
 	s.create("/f")
 	s.write("/f", 0, []byte("data"))
 
-	rounds := leader.verifier.roundsRun.Load()
+	rounds := leader.VerifyRounds()
 	const n = 20
 	for range n {
 		require.Equal(t, "data", readString(t, cli, "/f"))
 	}
-	require.GreaterOrEqual(t, leader.verifier.roundsRun.Load()-rounds, uint64(n), "one round per sequential read")
-	require.Zero(t, leader.lease.served.Load())
+	require.GreaterOrEqual(t, leader.VerifyRounds()-rounds, uint64(n), "one round per sequential read")
+	require.Zero(t, leader.LeaseServed())
 	require.False(t, holdsLease(leader))
 }
 
 func TestLeaseIsDroppedAtALeadershipTransfer(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	old := c.WaitLeader(10 * time.Second)
 	s := openSession(t, c.Client(old.APIAddr()))
 	s.create("/f")
 	s.write("/f", 0, []byte("v1"))
 	waitLease(t, old)
-	term := old.raft.CurrentTerm()
+	term := old.Raft().CurrentTerm()
 
-	require.NoError(t, old.raft.LeadershipTransfer().Error())
-	_, ok := old.lease.remaining(term, raft.ServerID(old.ID()))
+	require.NoError(t, old.Raft().LeadershipTransfer().Error())
+	_, ok := old.LeaseRemainingIn(term)
 	require.False(t, ok, "the lease went with the transfer")
-	var next *Node
+	var next *server.Node
 	require.Eventually(t, func() bool {
 		next = otherLeader(c, old)
 		return next != nil
 	}, 10*time.Second, 5*time.Millisecond)
 
-	served := old.lease.served.Load()
+	served := old.LeaseServed()
 	s2 := openSession(t, c.Client(next.APIAddr()))
 	s2.write("/f", 0, []byte("v2"))
 	require.Equal(t, "v2", readString(t, c.Client(old.APIAddr()), "/f"), "the old leader forwards the read")
-	require.Equal(t, served, old.lease.served.Load(), "and answered nothing under its lease")
+	require.Equal(t, served, old.LeaseServed(), "and answered nothing under its lease")
 }
 
 func TestLeaseLapsesOnALeaderCutOffAndItNeverAnswersStale(t *testing.T) {
@@ -414,7 +140,7 @@ func TestLeaseLapsesOnALeaderCutOffAndItNeverAnswersStale(t *testing.T) {
 			link(i, j, true)
 		}
 	}
-	c := StartCluster(t, size, WithNodeConfig(func(i int, cfg *Config) {
+	c := servertest.StartCluster(t, size, servertest.WithNodeConfig(func(i int, cfg *server.Config) {
 		slowHeartbeats(i, cfg)
 		if i == 0 {
 			// The first leader, once cut off, still takes itself for the
@@ -432,7 +158,7 @@ func TestLeaseLapsesOnALeaderCutOffAndItNeverAnswersStale(t *testing.T) {
 	s.create("/f")
 	s.write("/f", 0, []byte("v1"))
 	waitLease(t, old)
-	term := old.raft.CurrentTerm()
+	term := old.Raft().CurrentTerm()
 
 	cut := c.Index(old)
 	for j := range size {
@@ -442,12 +168,12 @@ func TestLeaseLapsesOnALeaderCutOffAndItNeverAnswersStale(t *testing.T) {
 	}
 	// No answers: the lease ends while the node may still think it leads.
 	require.Eventually(t, func() bool {
-		_, ok := old.lease.remaining(term, raft.ServerID(old.ID()))
+		_, ok := old.LeaseRemainingIn(term)
 		return !ok
 	}, 5*time.Second, 5*time.Millisecond)
-	served := old.lease.served.Load()
+	served := old.LeaseServed()
 
-	var next *Node
+	var next *server.Node
 	require.Eventually(t, func() bool {
 		next = otherLeader(c, old)
 		return next != nil
@@ -472,7 +198,7 @@ func TestLeaseLapsesOnALeaderCutOffAndItNeverAnswersStale(t *testing.T) {
 		}
 	}
 	require.Equal(t, "v2", readString(t, oldCli, "/f"))
-	require.Equal(t, served, old.lease.served.Load(), "nothing answered under the lapsed lease")
+	require.Equal(t, served, old.LeaseServed(), "nothing answered under the lapsed lease")
 }
 
 // BenchmarkLinearizableRead compares 4 KiB linearizable reads at random
@@ -493,7 +219,7 @@ func BenchmarkLinearizableRead(b *testing.B) {
 
 func benchReads(b *testing.B, noLease bool, clients int) {
 	const fileSize, readSize = 1 << 20, 4096
-	c := StartCluster(b, 3, WithLogStore(LogStoreMem), WithNodeConfig(func(_ int, cfg *Config) {
+	c := servertest.StartCluster(b, 3, servertest.WithLogStore(server.LogStoreMem), servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		cfg.DisableReadLease = noLease
 	}))
@@ -505,7 +231,7 @@ func benchReads(b *testing.B, noLease bool, clients int) {
 	if !noLease {
 		require.Eventually(b, func() bool { return holdsLease(leader) }, 10*time.Second, 5*time.Millisecond)
 	}
-	rounds := leader.verifier.roundsRun.Load()
+	rounds := leader.VerifyRounds()
 	b.SetBytes(readSize)
 	b.ResetTimer()
 	var next atomic.Int64
@@ -526,5 +252,5 @@ func benchReads(b *testing.B, noLease bool, clients int) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reads/s")
-	b.ReportMetric(float64(leader.verifier.roundsRun.Load()-rounds)/float64(b.N), "rounds/read")
+	b.ReportMetric(float64(leader.VerifyRounds()-rounds)/float64(b.N), "rounds/read")
 }

@@ -1,9 +1,7 @@
-package server
+package server_test
 
 import (
-	"context"
 	"encoding/binary"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"testing"
@@ -12,18 +10,16 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	"github.com/memoryfs/memfs/fsm"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestGarbageOnTheWireDoesNotHurt sends garbage and absurd length prefixes
 // to the API and Raft ports; the nodes must keep serving.
 func TestGarbageOnTheWireDoesNotHurt(t *testing.T) {
-	c := StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var payloads [][]byte
@@ -61,21 +57,9 @@ func TestGarbageOnTheWireDoesNotHurt(t *testing.T) {
 	}
 }
 
-func TestPanicInHandlerBecomesInternal(t *testing.T) {
-	f, err := fsm.New(fsm.Config{})
-	require.NoError(t, err)
-	n := &Node{cfg: Config{ID: "t"}, log: slog.New(slog.DiscardHandler), metrics: newMetrics("t", f.Stats, func() uint64 { return 0 }, &traffic{})}
-	_, err = n.recoverUnary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x"},
-		func(context.Context, any) (any, error) { panic("boom") })
-	require.Equal(t, codes.Internal, status.Code(err))
-	err = n.recoverStream(nil, nil, &grpc.StreamServerInfo{FullMethod: "/y"},
-		func(any, grpc.ServerStream) error { panic("boom") })
-	require.Equal(t, codes.Internal, status.Code(err))
-}
-
 func TestMetricsAreRegistered(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	c := StartCluster(t, 1, WithNodeConfig(func(_ int, cfg *Config) { cfg.Registerer = reg }))
+	c := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, cfg *server.Config) { cfg.Registerer = reg }))
 	leader := c.WaitLeader(10 * time.Second)
 	openSession(t, c.Client(leader.APIAddr())).mkdir("/m")
 	families, err := reg.Gather()
@@ -102,11 +86,11 @@ func TestMetricsAreRegistered(t *testing.T) {
 func TestInjectedTransportAndStoresSurviveRestart(t *testing.T) {
 	const n = 3
 	trans := make([]*raft.InmemTransport, n)
-	stores := make([]*Stores, n)
+	stores := make([]*server.Stores, n)
 	for i := range n {
 		_, trans[i] = raft.NewInmemTransport("")
 		m := raft.NewInmemStore()
-		stores[i] = &Stores{Log: m, Stable: m, Snapshots: raft.NewInmemSnapshotStore()}
+		stores[i] = &server.Stores{Log: m, Stable: m, Snapshots: raft.NewInmemSnapshotStore()}
 	}
 	connect := func(i int) {
 		for j := range n {
@@ -120,9 +104,9 @@ func TestInjectedTransportAndStoresSurviveRestart(t *testing.T) {
 		connect(i)
 	}
 	restarts := 0
-	c := StartCluster(t, n,
-		WithNodeConfig(func(i int, cfg *Config) { cfg.Transport, cfg.Stores = trans[i], stores[i] }),
-		WithRestartConfig(func(i int, cfg *Config) {
+	c := servertest.StartCluster(t, n,
+		servertest.WithNodeConfig(func(i int, cfg *server.Config) { cfg.Transport, cfg.Stores = trans[i], stores[i] }),
+		servertest.WithRestartConfig(func(i int, cfg *server.Config) {
 			// Raft's Shutdown closed the old transport: a new one, same address.
 			restarts++
 			_, trans[i] = raft.NewInmemTransport(trans[i].LocalAddr())

@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // peerStatusTimeout bounds how long Status waits for each other node.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Capability recalls on the leader. The state machine refuses a command

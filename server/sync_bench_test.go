@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"bufio"
@@ -18,7 +18,9 @@ import (
 
 	"github.com/memoryfs/memfs/fsm"
 	ft "github.com/memoryfs/memfs/fsm/fsmtest"
+	"github.com/memoryfs/memfs/server"
 	"github.com/memoryfs/memfs/server/blockdir"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // Snapshot and catch-up figures (docs/benchmarks.md, "Snapshots and catch-up"). Each
@@ -107,14 +109,14 @@ func persistExternal(b *testing.B, f *fsm.FSM, dir *blockdir.Dir, path string) (
 	return n + int64(dir.Stats().Written-before), time.Since(start)
 }
 
-func quietCluster(b *testing.B, store string) *Cluster {
-	return StartCluster(b, 3, WithLogStore(store), manualSnapshots(), WithNodeConfig(func(_ int, c *Config) {
+func quietCluster(b *testing.B, store string) *servertest.Cluster {
+	return servertest.StartCluster(b, 3, servertest.WithLogStore(store), manualSnapshots(), servertest.WithNodeConfig(func(_ int, c *server.Config) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}))
 }
 
 // fillCluster writes size unique bytes to path with 8 writers.
-func fillCluster(b *testing.B, c *Cluster, path string, size int, seed uint64) {
+func fillCluster(b *testing.B, c *servertest.Cluster, path string, size int, seed uint64) {
 	cli := c.Client(c.WaitLeader(10 * time.Second).APIAddr())
 	s := openSession(b, cli)
 	s.create(path)
@@ -138,7 +140,7 @@ func fillCluster(b *testing.B, c *Cluster, path string, size int, seed uint64) {
 // load is not what is measured); snapshots and blocks are on disk.
 func BenchmarkCatchUp(b *testing.B) {
 	size := envSize("MEMFS_BENCH_CATCHUP", 1<<30)
-	c := quietCluster(b, LogStoreMem)
+	c := quietCluster(b, server.LogStoreMem)
 	fillCluster(b, c, "/big", size, 2)
 	leader := c.WaitLeader(10 * time.Second)
 	snapshotNow(b, leader)
@@ -151,10 +153,10 @@ func BenchmarkCatchUp(b *testing.B) {
 	go func() {
 		for tDone == 0 {
 			time.Sleep(5 * time.Millisecond)
-			if tRestore == 0 && n0.sync.restoring.Load() {
+			if tRestore == 0 && n0.SyncRestoring() {
 				tRestore = time.Since(start)
 			}
-			if tFetched == 0 && n0.sync.gotBytes.Load() > 0 && n0.sync.gotBytes.Load() == n0.sync.wantBytes.Load() {
+			if tFetched == 0 && n0.SyncGotBytes() > 0 && n0.SyncGotBytes() == n0.SyncWantBytes() {
 				tFetched = time.Since(start)
 			}
 		}
@@ -167,7 +169,7 @@ func BenchmarkCatchUp(b *testing.B) {
 	b.StopTimer()
 	tcp := tcpCopy(b, size)
 	b.ReportMetric(took.Seconds(), "catchup-s")
-	b.ReportMetric(float64(n.sync.fetchedBytesTotal.Load())/(1<<20), "fetched-MiB")
+	b.ReportMetric(float64(n.SyncFetchedBytesTotal())/(1<<20), "fetched-MiB")
 	b.ReportMetric(float64(n.Traffic().NetReceived)/(1<<20), "raft-MiB")
 	b.ReportMetric(tcp.Seconds(), "tcp-copy-s")
 }
@@ -206,7 +208,7 @@ func tcpCopy(b *testing.B, size int) time.Duration {
 // fetches against the whole state. raft-boltdb, as deployed.
 func BenchmarkRejoin(b *testing.B) {
 	size := envSize("MEMFS_BENCH_REJOIN", 256<<20)
-	c := quietCluster(b, LogStoreBolt)
+	c := quietCluster(b, server.LogStoreBolt)
 	fillCluster(b, c, "/big", size, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	c.WaitApplied(leader.AppliedIndex(), time.Minute)
@@ -233,7 +235,7 @@ func BenchmarkRejoin(b *testing.B) {
 	c.WaitApplied(leader.AppliedIndex(), 5*time.Minute)
 	took := time.Since(start)
 	b.ReportMetric(took.Seconds(), "rejoin-s")
-	b.ReportMetric(float64(n.sync.fetchedBytesTotal.Load())/(1<<20), "fetched-MiB")
+	b.ReportMetric(float64(n.SyncFetchedBytesTotal())/(1<<20), "fetched-MiB")
 	b.ReportMetric(float64(n.Traffic().NetReceived)/(1<<20), "raft-MiB")
 	b.ReportMetric(float64(size)/(1<<20), "state-MiB")
 }

@@ -20,13 +20,13 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // tlsClient connects the client library with the certificate name of the
 // cluster's directory; its source follows file changes.
-func tlsClient(t *testing.T, c *server.Cluster, name string) (*client.Client, *tlsconf.Source) {
+func tlsClient(t *testing.T, c *servertest.Cluster, name string) (*client.Client, *tlsconf.Source) {
 	t.Helper()
 	src := c.ClientTLS(name)
 	cl, err := client.New(context.Background(), c.APIAddrs(), client.WithTLS(src.ClientConfig()))
@@ -74,7 +74,7 @@ func loadTLS(t *testing.T, f tlsconf.Files) *tlsconf.Source {
 }
 
 func TestTLSClusterServesAndRefusesStrangers(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	cl, _ := tlsClient(t, c, "admin")
 	require.NoError(t, cl.WriteFile("/hello", []byte("over TLS"), 0o644))
 	got, err := cl.ReadFile("/hello")
@@ -163,7 +163,7 @@ func TestTLSClusterServesAndRefusesStrangers(t *testing.T) {
 // replaced by one of the new CA, then the old CA goes. A restarted node
 // joins with the new certificates only. No write fails.
 func TestTLSRotationUnderWriteLoad(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	dir := c.CertDir()
 	caFile := filepath.Join(dir, pki.CAFile)
 	oldCA, err := os.ReadFile(caFile)

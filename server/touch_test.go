@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"context"
@@ -8,7 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestReadWaitsForExclusiveCapability: a linearizable read by one client
@@ -19,7 +21,7 @@ import (
 // it until its session's lease runs out. A reader whose session the
 // cluster does not know is answered all the same.
 func TestReadWaitsForExclusiveCapability(t *testing.T) {
-	c := StartCluster(t, 3, WithNodeConfig(func(_ int, cfg *Config) { cfg.TickInterval = 50 * time.Millisecond }))
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(func(_ int, cfg *server.Config) { cfg.TickInterval = 50 * time.Millisecond }))
 	leader := c.WaitLeader(10 * time.Second)
 	f := follower(c, leader, 0)
 	ctx := ctxTimeout(t, 60*time.Second)
@@ -129,7 +131,7 @@ func cleanRecall(r *pb.Recall) *pb.Recall {
 // recalls A's capability and removes the file once A has sent it (in a
 // batch, at the recall) and released.
 func TestCommandWaitsForExclusiveCapability(t *testing.T) {
-	c := StartCluster(t, 3, WithNodeConfig(func(_ int, cfg *Config) { cfg.TickInterval = 50 * time.Millisecond }))
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(func(_ int, cfg *server.Config) { cfg.TickInterval = 50 * time.Millisecond }))
 	leader := c.WaitLeader(10 * time.Second)
 	f := follower(c, leader, 0)
 	ctx := ctxTimeout(t, 60*time.Second)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // voteGate is the node's wrapper around its Raft transport. It does two

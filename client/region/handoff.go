@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // pollWait bounds one long poll of the region state.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/region"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 	"github.com/memoryfs/memfs/test/model"
 	"github.com/memoryfs/memfs/test/workload"
 )
@@ -96,7 +96,7 @@ func regRead(rec *model.Recorder, id int, f *client.File, cs int64, i int) error
 func TestHandoffLinearizable(t *testing.T) {
 	seed := workload.Seed(t)
 	rng := rand.New(rand.NewSource(seed))
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	cs := int64(1 << 16)
 	require.NoError(t, plain.WriteFile("/lin", make([]byte, regChunks*cs), 0o644))

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // startWriter starts the pusher and the watch for a leecher.

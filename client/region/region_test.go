@@ -13,10 +13,10 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/region"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
-func connect(t *testing.T, cl *server.Cluster, opts ...client.Option) *client.Client {
+func connect(t *testing.T, cl *servertest.Cluster, opts ...client.Option) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -48,7 +48,7 @@ func open(t *testing.T, c *client.Client, path string, opts region.Options) *reg
 // read recalls the capability, which pushes first, and the region takes
 // it back for its next write.
 func TestRegionReadWriteSync(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	data := pattern(20<<16+123, 1)
 	require.NoError(t, plain.WriteFile("/r", data, 0o644))
@@ -125,7 +125,7 @@ func TestRegionReadWriteSync(t *testing.T) {
 // not sent, and chunks the region or a shared cache already has by hash
 // are not fetched.
 func TestRegionMovesOnlyChanges(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	same := bytes.Repeat(pattern(1<<16, 3), 8) // eight identical chunks
 	require.NoError(t, plain.WriteFile("/same", same, 0o644))
@@ -159,7 +159,7 @@ func TestRegionMovesOnlyChanges(t *testing.T) {
 // TestRegionBytesView: writes through Bytes are found by their hash at
 // Sync, or named with MarkDirty.
 func TestRegionBytesView(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/v", pattern(4<<16, 5), 0o644))
 	c := connect(t, cl, client.WithCaps())
@@ -251,7 +251,7 @@ func getU64(b []byte) uint64 {
 // TestHandoff: B pulls while A writes; A's Finalize moves the capability
 // in one command; B holds every write A made, and A's later writes fail.
 func TestHandoff(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/h", pattern(32<<16, 7), 0o644))
 	a := open(t, connect(t, cl, client.WithCaps()), "/h", region.Options{})
@@ -302,7 +302,7 @@ func TestHandoff(t *testing.T) {
 // milliseconds for a large region, which the application's pause would
 // count if the write waited for it).
 func TestWriterLearnsHandoffAtOnce(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/f", pattern(8<<16, 3), 0o644))
 	a := open(t, connect(t, cl, client.WithCaps()), "/f", region.Options{})
@@ -347,7 +347,7 @@ func TestWriterLearnsHandoffAtOnce(t *testing.T) {
 // at the freeze travels in the handoff command itself, only the bytes
 // written, and the new holder reads it.
 func TestHandoffCarriesLastWrites(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/w", pattern(8<<16, 5), 0o644))
 	// No push before the finalize: the writes wait for it.
@@ -395,7 +395,7 @@ func TestHandoffCarriesLastWrites(t *testing.T) {
 // chunks changed since it registered, exactly those the holder wrote
 // since, and it fetches only those again instead of reading every hash.
 func TestHandoffReportsChanged(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	const chunks = 16
 	require.NoError(t, plain.WriteFile("/r", pattern(chunks<<16, 13), 0o644))
@@ -442,7 +442,7 @@ func TestHandoffReportsChanged(t *testing.T) {
 // leecher gets the capability once the holder's lease ran out, with at
 // least what the holder synced.
 func TestHandoffHolderDies(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/d", pattern(8<<16, 9), 0o644))
 	k := &killable{}
@@ -476,7 +476,7 @@ func TestHandoffHolderDies(t *testing.T) {
 // TestHandoffLeecherDies: the leecher's session ends before the
 // finalize; the holder keeps its capability and goes on writing.
 func TestHandoffLeecherDies(t *testing.T) {
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	plain := connect(t, cl)
 	require.NoError(t, plain.WriteFile("/l", pattern(8<<16, 11), 0o644))
 	a := open(t, connect(t, cl, client.WithCaps()), "/l", region.Options{})

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func TestParseReplaceTarget(t *testing.T) {
@@ -72,7 +72,7 @@ func TestCheckQuorum(t *testing.T) {
 // TestClusterStatusIsTheLeaders asks a follower and gets the leader's
 // view: a follower's may hold a configuration change not yet committed.
 func TestClusterStatusIsTheLeaders(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(30 * time.Second)
 	var follower string
 	for i := range c.Size() {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestConfinedTokenCommands: `memfs token create --path` makes a token
@@ -17,7 +17,7 @@ import (
 // names outside fails with a clear message and a non-zero exit.
 func TestConfinedTokenCommands(t *testing.T) {
 	bin := memfsBinary(t)
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	files := c.CertFiles("admin")
 	addrs := strings.Join(c.APIAddrs(), ",")
 	admin := cli{t: t, bin: bin, cluster: addrs}

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestBufferedMountCrashLeavesPrefix kills a buffering mount (kill -9) in
@@ -29,7 +29,7 @@ import (
 func TestBufferedMountCrashLeavesPrefix(t *testing.T) {
 	requireFUSE(t)
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	archive, members, contents := crashArchive(t)
 
@@ -105,7 +105,7 @@ func TestBufferedMountCrashKeepsGitConsistent(t *testing.T) {
 		t.Skip("git not installed")
 	}
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	src := t.TempDir()
 	for i := range 40 {

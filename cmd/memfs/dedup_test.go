@@ -15,6 +15,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func randomData(n int, seed ...byte) []byte {
@@ -31,8 +32,8 @@ func randomData(n int, seed ...byte) []byte {
 // file, and the same writes succeed once space is freed.
 func TestMemoryBudgetEndToEnd(t *testing.T) {
 	const budget = 1 << 20
-	cluster := server.StartCluster(t, 3, server.WithEphemeral(),
-		server.WithNodeConfig(func(_ int, c *server.Config) { c.MemoryLimit = budget }))
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral(),
+		servertest.WithNodeConfig(func(_ int, c *server.Config) { c.MemoryLimit = budget }))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cluster.APIAddrs())

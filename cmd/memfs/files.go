@@ -16,7 +16,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/progress"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // newFileCmds builds the file commands.

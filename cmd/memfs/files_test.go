@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // cli runs the memfs binary against one cluster.
@@ -52,7 +52,7 @@ func (c cli) ok(args ...string) string {
 
 func TestFileCommandsEndToEnd(t *testing.T) {
 	bin := memfsBinary(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	dir := t.TempDir()
 
@@ -112,7 +112,7 @@ func TestFileCommandsEndToEnd(t *testing.T) {
 
 func TestBenchCommand(t *testing.T) {
 	bin := memfsBinary(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	out := m.ok("bench", "--json", "--total", "4MiB", "--size", "1MiB", "--concurrency", "2",
 		"--creates", "40", "--clients", "4")
@@ -140,7 +140,7 @@ func TestBenchCommand(t *testing.T) {
 
 func TestCloneAndDu(t *testing.T) {
 	bin := memfsBinary(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	content := make([]byte, 1<<20)
 	rand.NewChaCha8([32]byte{9}).Read(content)

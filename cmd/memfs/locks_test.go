@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // startMount runs `memfs mount --daemon` on a new directory with extra
@@ -52,7 +52,7 @@ func TestLockHolderMountKilled(t *testing.T) {
 		t.Skip("flock is not installed")
 	}
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	a, pid := startMount(t, bin, cluster, "--lease", "2s")
 	b, _ := startMount(t, bin, cluster)

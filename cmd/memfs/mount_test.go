@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/fuse"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func requireFUSE(t *testing.T) {
@@ -91,7 +91,7 @@ func processGone(pid int) bool {
 func TestMountCommandRefusals(t *testing.T) {
 	requireFUSE(t)
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
@@ -118,7 +118,7 @@ func TestMountCommandRefusals(t *testing.T) {
 func TestMountCommandForeground(t *testing.T) {
 	requireFUSE(t)
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	dir := t.TempDir()
 	lazyUnmountAtCleanup(t, dir)
@@ -166,7 +166,7 @@ func TestMountCommandForeground(t *testing.T) {
 func TestMountCommandDaemonAndStale(t *testing.T) {
 	requireFUSE(t)
 	bin := memfsBinary(t)
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	cluster := strings.Join(cl.APIAddrs(), ",")
 	for _, binding := range []string{fuse.BindingBazil, fuse.BindingGoFuse} {
 		t.Run(binding, func(t *testing.T) { daemonAndStale(t, bin, cluster, binding) })

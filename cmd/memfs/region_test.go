@@ -11,11 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 func TestRegionPullCommand(t *testing.T) {
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: memfsBinary(t), cluster: strings.Join(cluster.APIAddrs(), ",")}
 	dir := t.TempDir()
 	data := make([]byte, 3<<20+12345)
@@ -50,7 +50,7 @@ func TestRegionPullCommand(t *testing.T) {
 // TestRegionHandoffCommand: the demo hands a region back and forth under
 // writes, and its checker passes; the file goes at the end.
 func TestRegionHandoffCommand(t *testing.T) {
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: memfsBinary(t), cluster: strings.Join(cluster.APIAddrs(), ",")}
 	out := m.ok("region", "handoff", "--path", "/h", "--size", "4MiB", "--hot", "512KiB", "--rounds", "3", "--settle", "50ms")
 	require.Len(t, regexp.MustCompile(`(?m)^round [123]: pause `).FindAllString(out, -1), 3, out)

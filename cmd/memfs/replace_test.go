@@ -22,8 +22,9 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/progress"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // spareNode is a `memfs server` process started with neither --bootstrap
@@ -183,7 +184,7 @@ func TestNodeReplaceUnderWriteLoad(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bin := memfsBinary(t)
-			c := server.StartCluster(t, 3)
+			c := servertest.StartCluster(t, 3)
 			leader := c.WaitLeader(10 * time.Second)
 			old := leader
 			if !tc.leader {
@@ -283,7 +284,7 @@ func TestNodeReplaceFailures(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := memfsBinary(t)
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	addrs := c.APIAddrs()
 	cluster := strings.Join(addrs, ",")
@@ -357,7 +358,7 @@ func TestNodeReplaceResumes(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := memfsBinary(t)
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	spare := startSpare(t, bin, "n4")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -459,7 +460,7 @@ func TestNodeReplaceProgressOnATerminal(t *testing.T) {
 	}
 	tm := newTmux(t)
 	bin := memfsBinary(t)
-	c := server.StartCluster(t, 3, server.WithNodeConfig(func(_ int, cfg *server.Config) {
+	c := servertest.StartCluster(t, 3, servertest.WithNodeConfig(func(_ int, cfg *server.Config) {
 		cfg.Raft.SnapshotThreshold, cfg.Raft.TrailingLogs, cfg.Raft.SnapshotInterval = 32, 8, 200*time.Millisecond
 	}))
 	leader := c.WaitLeader(10 * time.Second)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/memoryfs/memfs/client/replace"
 	"github.com/memoryfs/memfs/internal/statusreport"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func newStatusCmd() *cobra.Command {

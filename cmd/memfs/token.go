@@ -14,7 +14,7 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/fsm"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/authz"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // pacedStream writes pieces of data with a pause before each, so that a
@@ -83,7 +83,7 @@ func TestPutOutlastsTimeout(t *testing.T) {
 
 func TestInterruptedPutLeavesTargetAsItWas(t *testing.T) {
 	bin := memfsBinary(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	_, errOut, code := m.run("old content", "put", "-", "/t")
 	require.Zero(t, code, errOut)
@@ -119,7 +119,7 @@ func TestInterruptedPutLeavesTargetAsItWas(t *testing.T) {
 
 func TestFailedTransfersLeaveNothing(t *testing.T) {
 	bin := memfsBinary(t)
-	cluster := server.StartCluster(t, 3, server.WithEphemeral())
+	cluster := servertest.StartCluster(t, 3, servertest.WithEphemeral())
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	m.ok("mkdir", "/dir")
 	_, errOut, code := m.run("remote", "put", "-", "/file")

@@ -20,7 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 	"github.com/memoryfs/memfs/test/procs"
 )
 
@@ -356,7 +356,7 @@ func TestNodeRemoveCommand(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := memfsBinary(t)
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	c.AddNode()
 	addrs := strings.Join(c.APIAddrs()[:3], ",")
 	out, err := exec.Command(bin, "node", "remove", "n4", "--cluster", addrs).CombinedOutput()

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/fsm"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"google.golang.org/protobuf/proto"
 )
 

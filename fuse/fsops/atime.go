@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Access times. Linux marks every FUSE inode S_NOATIME: the kernel leaves

@@ -12,8 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // newBufOps is newCapOps with buffered metadata; batches leave only when
@@ -175,7 +176,7 @@ func TestBufferedFsyncCommits(t *testing.T) {
 // are kept, its file's fsync reports the errno, and the mount's later
 // answers are the cluster's.
 func TestBufferedLossReported(t *testing.T) {
-	cl := server.StartCluster(t, 1, server.WithNodeConfig(func(_ int, c *server.Config) { c.MemoryLimit = 384 << 10 }))
+	cl := servertest.StartCluster(t, 1, servertest.WithNodeConfig(func(_ int, c *server.Config) { c.MemoryLimit = 384 << 10 }))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cl.APIAddrs(), client.WithCaps(), client.WithLease(60*time.Second))

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // What the mount does with capabilities beyond the metadata cache

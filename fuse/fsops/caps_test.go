@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // newCapOps is newOps with a client that holds capabilities (and a lease
@@ -26,7 +26,7 @@ func newCapOps(t *testing.T) (*ClientOps, *client.Client, *client.Client) {
 // newCapOpsWith is newCapOps with opt.
 func newCapOpsWith(t *testing.T, opt Options) (*ClientOps, *client.Client, *client.Client) {
 	t.Helper()
-	cl := server.StartCluster(t, 3)
+	cl := servertest.StartCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cl.APIAddrs(), client.WithCaps(), client.WithLease(60*time.Second))

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // DefaultOpTimeout is how long an operation waits for the cluster before

@@ -13,14 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // newOps starts a one-node cluster and returns operations over a client
 // of it, plus a second, independent client.
 func newOps(t *testing.T, opt Options) (*ClientOps, *client.Client) {
 	t.Helper()
-	cl := server.StartCluster(t, 1)
+	cl := servertest.StartCluster(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cl.APIAddrs())

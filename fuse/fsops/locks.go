@@ -7,7 +7,7 @@ import (
 	"syscall"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Cluster-wide file locks. The kernel hands a mount that asked for them

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // TestLocksThroughOps: the kernel's view of locks (OFFSET_MAX ends,

@@ -3,7 +3,7 @@ package fsops
 import (
 	"bytes"
 	"context"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"sync"
 )
 

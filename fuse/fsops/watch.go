@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Resetter is offered by an Invalidator that can drop everything the kernel

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Write-behind. The kernel hands a sequential writer's data over in

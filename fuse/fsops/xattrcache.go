@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // capXattr is the xattr the kernel reads before every write(2) to a file

@@ -6,7 +6,7 @@
 package statusreport
 
 import (
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Report is one cluster status as `memfs status --json` prints it and the

@@ -19,7 +19,7 @@ import (
 	"github.com/memoryfs/memfs/internal/grpcopts"
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // streamServer answers the two streams file data travels on, as a node

@@ -17,7 +17,7 @@ import (
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // Methods is the role each method of the MemFS service needs. Apply and

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/internal/promstat"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 // The page's rates are the cluster's, whichever node serves it: every

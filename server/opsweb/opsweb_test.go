@@ -15,6 +15,7 @@ import (
 
 	"github.com/memoryfs/memfs/server"
 	"github.com/memoryfs/memfs/server/opsweb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // serveNode serves n's operator endpoints on a test HTTP server.
@@ -43,7 +44,7 @@ func get(t *testing.T, addr, path string) (int, string) {
 }
 
 func TestReadyzFollowsTheCluster(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	var addrs []string
 	for _, n := range c.Nodes() {
 		addrs = append(addrs, serveNode(t, n))

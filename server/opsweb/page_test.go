@@ -16,6 +16,7 @@ import (
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/server"
 	"github.com/memoryfs/memfs/server/opsweb"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // TestPageDataFollowsTheCluster checks the status page's data against the
@@ -23,7 +24,7 @@ import (
 // and members, and the leader, on the leader's page and on a follower's:
 // every node's page shows the cluster's rates.
 func TestPageDataFollowsTheCluster(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	leader := c.Leader()
 	var follower *server.Node
 	for _, n := range c.Nodes() {
@@ -110,7 +111,7 @@ func opRate(ops []opsweb.OpStat, name string) float64 {
 // the last one still answers, from its own readings, and names the
 // members it could not ask.
 func TestPageShowsMembersThatDoNotAnswer(t *testing.T) {
-	c := server.StartCluster(t, 3)
+	c := servertest.StartCluster(t, 3)
 	n := c.Node(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

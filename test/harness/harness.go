@@ -31,7 +31,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
 	"github.com/memoryfs/memfs/test/faultnet"
 )

@@ -32,8 +32,9 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // scripts/hostilep99.sh sets these to measure the honest client's p99 on
@@ -46,7 +47,7 @@ var (
 	attackerNice = flag.Int("hostile.nice", 19, "nice value of the attacker process")
 )
 
-func tlsClient(t *testing.T, c *server.Cluster) *client.Client {
+func tlsClient(t *testing.T, c *servertest.Cluster) *client.Client {
 	t.Helper()
 	cl, err := client.New(context.Background(), c.APIAddrs(), client.WithTLS(c.ClientTLS("admin").ClientConfig()))
 	require.NoError(t, err)
@@ -67,7 +68,7 @@ func TestHostileClients(t *testing.T) {
 		t.Skip("thousands of connections")
 	}
 	// The default limits, the 10 s handshake timeout included.
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	honest := tlsClient(t, c)
 	ctx := context.Background()
 	big := make([]byte, 8<<20)
@@ -163,7 +164,7 @@ func TestHostileClients(t *testing.T) {
 	// Every idle connection was dropped by the handshake timeout.
 	closed := 0
 	for _, conn := range idleConns {
-		if server.ClosedWithin(conn, 30*time.Second) {
+		if servertest.ClosedWithin(conn, 30*time.Second) {
 			closed++
 		}
 		_ = conn.Close()
@@ -368,7 +369,7 @@ func TestAttacker(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write(garbage)
-			server.ClosedWithin(conn, 5*time.Second)
+			servertest.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // slow loris: the start of a TLS record, then nothing
@@ -377,7 +378,7 @@ func TestAttacker(t *testing.T) {
 				return
 			}
 			_, _ = conn.Write([]byte{0x16, 0x03, 0x01, 0x02})
-			server.ClosedWithin(conn, 20*time.Second)
+			servertest.ClosedWithin(conn, 20*time.Second)
 			_ = conn.Close()
 		})
 	}
@@ -396,7 +397,7 @@ func TestAttacker(t *testing.T) {
 			b.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0})          // empty SETTINGS
 			b.Write([]byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1}) // DATA, 16 MiB declared
 			_, _ = conn.Write(b.Bytes())
-			server.ClosedWithin(conn, 5*time.Second)
+			servertest.ClosedWithin(conn, 5*time.Second)
 			_ = conn.Close()
 		})
 		loop(func() { // no certificate, no token

@@ -15,9 +15,9 @@ import (
 
 	"github.com/memoryfs/memfs/client"
 	"github.com/memoryfs/memfs/internal/tlsconf"
-	pb "github.com/memoryfs/memfs/proto"
-	"github.com/memoryfs/memfs/server"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/server/authz"
+	"github.com/memoryfs/memfs/server/servertest"
 )
 
 // prefixAttacker holds a write token confined to another directory than
@@ -35,7 +35,7 @@ const malloryToken = "mallory's confined token"
 
 // newPrefixAttacker makes mallory's directory and token with admin and
 // dials the attacker in this process.
-func newPrefixAttacker(t *testing.T, c *server.Cluster, admin *client.Client) *prefixAttacker {
+func newPrefixAttacker(t *testing.T, c *servertest.Cluster, admin *client.Client) *prefixAttacker {
 	t.Helper()
 	realIn := confineMallory(t, c, admin)
 	a, err := dialPrefixAttacker(context.Background(), c.APIAddrs(), c.CertFiles("admin").CA, realIn, nil)
@@ -47,7 +47,7 @@ func newPrefixAttacker(t *testing.T, c *server.Cluster, admin *client.Client) *p
 // confineMallory makes /tenants/mallory and a write token confined to it,
 // waits until every node knows the token, and returns the directory's
 // inode number.
-func confineMallory(t *testing.T, c *server.Cluster, admin *client.Client) uint64 {
+func confineMallory(t *testing.T, c *servertest.Cluster, admin *client.Client) uint64 {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, admin.MkdirAll("/tenants/mallory", 0o755))
@@ -167,7 +167,7 @@ func (a *prefixAttacker) attack(ctx context.Context, ino uint64) []string {
 // an honest client: nothing it tries reaches the honest files, which stay
 // as they were.
 func TestTokenForAnotherPrefix(t *testing.T) {
-	c := server.StartCluster(t, 3, server.WithTLS())
+	c := servertest.StartCluster(t, 3, servertest.WithTLS())
 	honest := tlsClient(t, c)
 	ctx := context.Background()
 	require.NoError(t, honest.WriteFile("/big", []byte("honest data"), 0o644))

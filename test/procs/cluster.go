@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/test/faultnet"
 )
 

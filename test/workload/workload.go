@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/memoryfs/memfs/client"
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
 	"github.com/memoryfs/memfs/test/model"
 )
 

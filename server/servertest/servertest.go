@@ -1,4 +1,7 @@
-package server
+// Package servertest runs clusters of in-process MemoryFS nodes on loopback
+// TCP for tests of any package (like net/http/httptest). It is its own
+// package so that the memfs binary does not link the testing package.
+package servertest
 
 import (
 	"context"
@@ -19,18 +22,16 @@ import (
 	"github.com/memoryfs/memfs/internal/pki"
 	"github.com/memoryfs/memfs/internal/tlsconf"
 
-	pb "github.com/memoryfs/memfs/proto"
+	pb "github.com/memoryfs/memfs/memfspb"
+	"github.com/memoryfs/memfs/server"
 )
-
-// This file holds test helpers exported for other packages' tests (it is
-// not a _test.go file so they can import it).
 
 // ClusterOption adjusts StartCluster.
 type ClusterOption func(*clusterSetup)
 
 type clusterSetup struct {
-	configure []func(i int, c *Config)
-	restart   []func(i int, c *Config)
+	configure []func(i int, c *server.Config)
+	restart   []func(i int, c *server.Config)
 	tls       bool
 }
 
@@ -43,7 +44,7 @@ func WithTLS() ClusterOption {
 
 // WithNodeConfig adjusts each node's Config before its first start (i
 // counts from 0 in start order, nodes added by AddNode included).
-func WithNodeConfig(f func(i int, c *Config)) ClusterOption {
+func WithNodeConfig(f func(i int, c *server.Config)) ClusterOption {
 	return func(s *clusterSetup) { s.configure = append(s.configure, f) }
 }
 
@@ -51,18 +52,18 @@ func WithNodeConfig(f func(i int, c *Config)) ClusterOption {
 // the config of its previous run (same data dir, stores, transport and
 // addresses); replace, for example, a crashed node's transport here. The
 // Raft address must stay the same.
-func WithRestartConfig(f func(i int, c *Config)) ClusterOption {
+func WithRestartConfig(f func(i int, c *server.Config)) ClusterOption {
 	return func(s *clusterSetup) { s.restart = append(s.restart, f) }
 }
 
 // WithEphemeral keeps every node's Raft state in memory.
 func WithEphemeral() ClusterOption {
-	return WithNodeConfig(func(_ int, c *Config) { c.Ephemeral = true })
+	return WithNodeConfig(func(_ int, c *server.Config) { c.Ephemeral = true })
 }
 
 // WithLogStore selects the log store of every node.
 func WithLogStore(kind string) ClusterOption {
-	return WithNodeConfig(func(_ int, c *Config) { c.LogStore = kind })
+	return WithNodeConfig(func(_ int, c *server.Config) { c.LogStore = kind })
 }
 
 // Cluster is a set of in-process nodes on loopback TCP, for tests.
@@ -71,8 +72,8 @@ type Cluster struct {
 	setup clusterSetup
 
 	mu    sync.Mutex
-	nodes []*Node  // nil for a stopped node; guarded by mu
-	cfgs  []Config // last config of each node; guarded by mu
+	nodes []*server.Node  // nil for a stopped node; guarded by mu
+	cfgs  []server.Config // last config of each node; guarded by mu
 	conns map[string]*grpc.ClientConn
 
 	certDir string // WithTLS: the cluster's certificates
@@ -127,13 +128,13 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func (c *Cluster) newConfig(i int) Config {
+func (c *Cluster) newConfig(i int) server.Config {
 	id := fmt.Sprintf("n%d", i+1)
 	dir, err := os.MkdirTemp(c.dir, id+"-")
 	if err != nil {
 		c.t.Fatalf("data directory: %v", err)
 	}
-	cfg := Config{
+	cfg := server.Config{
 		ID: id, DataDir: filepath.Join(dir, id),
 		RaftAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
 		Logger: testLogger(), RaftLogLevel: os.Getenv("MEMFS_TEST_RAFT_LOG"),
@@ -152,10 +153,10 @@ func (c *Cluster) newConfig(i int) Config {
 
 // startNode starts node i, fresh when it has never run, else from its
 // previous config and addresses; join lists the members to ask.
-func (c *Cluster) startNode(i int, join []string) *Node {
+func (c *Cluster) startNode(i int, join []string) *server.Node {
 	c.t.Helper()
 	c.mu.Lock()
-	var cfg Config
+	var cfg server.Config
 	restart := i < len(c.cfgs)
 	if restart {
 		cfg = c.cfgs[i]
@@ -175,7 +176,7 @@ func (c *Cluster) startNode(i int, join []string) *Node {
 	cfg.Join = join
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := New(ctx, cfg)
+	n, err := server.New(ctx, cfg)
 	if err != nil {
 		c.t.Fatalf("start node %s: %v", cfg.ID, err)
 	}
@@ -189,7 +190,7 @@ func (c *Cluster) startNode(i int, join []string) *Node {
 }
 
 // Node returns node i, or nil when it is stopped.
-func (c *Cluster) Node(i int) *Node {
+func (c *Cluster) Node(i int) *server.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[i]
@@ -203,10 +204,10 @@ func (c *Cluster) Size() int {
 }
 
 // Nodes returns the running nodes.
-func (c *Cluster) Nodes() []*Node {
+func (c *Cluster) Nodes() []*server.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []*Node
+	var out []*server.Node
 	for _, n := range c.nodes {
 		if n != nil {
 			out = append(out, n)
@@ -216,7 +217,7 @@ func (c *Cluster) Nodes() []*Node {
 }
 
 // Index returns the position of node n in the cluster, or -1.
-func (c *Cluster) Index(n *Node) int {
+func (c *Cluster) Index(n *server.Node) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, m := range c.nodes {
@@ -238,9 +239,9 @@ func (c *Cluster) APIAddrs() []string {
 
 // Leader returns a running node that is leader and ready to serve
 // linearizable reads, or nil.
-func (c *Cluster) Leader() *Node {
+func (c *Cluster) Leader() *server.Node {
 	for _, n := range c.Nodes() {
-		if n.IsLeader() && n.leaderIsReady() {
+		if n.IsLeader() && n.LeaderReady() {
 			return n
 		}
 	}
@@ -249,7 +250,7 @@ func (c *Cluster) Leader() *Node {
 
 // WaitLeader polls until a ready leader exists and returns it; it fails
 // the test after timeout.
-func (c *Cluster) WaitLeader(timeout time.Duration) *Node {
+func (c *Cluster) WaitLeader(timeout time.Duration) *server.Node {
 	c.t.Helper()
 	deadline := time.After(timeout)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -297,7 +298,7 @@ func (c *Cluster) Stop(i int) {
 	}
 }
 
-func (c *Cluster) take(i int) *Node {
+func (c *Cluster) take(i int) *server.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.nodes[i]
@@ -308,7 +309,7 @@ func (c *Cluster) take(i int) *Node {
 // Restart starts stopped node i again with its data dir (or injected
 // stores) and addresses. A node whose stores are empty (ephemeral) joins
 // through the running nodes.
-func (c *Cluster) Restart(i int) *Node {
+func (c *Cluster) Restart(i int) *server.Node {
 	c.t.Helper()
 	if c.Node(i) != nil {
 		c.t.Fatalf("restart node %d: still running", i)
@@ -414,7 +415,7 @@ func (c *Cluster) Shutdown() {
 		c.stopTLS()
 	}
 	c.mu.Lock()
-	nodes := append([]*Node(nil), c.nodes...)
+	nodes := append([]*server.Node(nil), c.nodes...)
 	for i := range c.nodes {
 		c.nodes[i] = nil
 	}
