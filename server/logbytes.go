@@ -68,9 +68,9 @@ func (h *heldLog) deleted(minIdx, maxIdx uint64) {
 		h.bytes -= h.entries[h.head].size
 		h.head++
 	}
-	for n := len(h.entries); n > h.head && h.entries[n-1].index >= minIdx && h.entries[n-1].index <= maxIdx; n-- {
-		h.bytes -= h.entries[n-1].size
-		h.entries = h.entries[:n-1]
+	if n := len(h.entries); n > h.head && h.entries[n-1].index <= maxIdx {
+		// A range that reaches the newest entry: a conflicting suffix.
+		h.dropFromLocked(minIdx)
 	}
 	if h.head == len(h.entries) {
 		h.entries, h.head = h.entries[:0], 0
