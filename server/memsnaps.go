@@ -33,6 +33,13 @@ var _ raft.SnapshotStore = (*memSnapshots)(nil)
 
 func newMemSnapshots() *memSnapshots { return &memSnapshots{} }
 
+// NewMemorySnapshots returns the snapshot store an ephemeral node uses,
+// for a caller that gives a node its own Stores and keeps them across the
+// node's restarts (a test harness whose "crash" loses only the process).
+// Like raft's file store, it lists a snapshot only once its sink has
+// closed, and a cancelled one never.
+func NewMemorySnapshots() raft.SnapshotStore { return newMemSnapshots() }
+
 func (s *memSnapshots) Create(version raft.SnapshotVersion, index, term uint64, conf raft.Configuration,
 	confIndex uint64, _ raft.Transport) (raft.SnapshotSink, error) {
 	s.mu.Lock()

@@ -133,7 +133,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 
 func newMemStores() *server.Stores {
 	st := raft.NewInmemStore()
-	return &server.Stores{Log: st, Stable: st, Snapshots: &memSnapshots{}}
+	return &server.Stores{Log: st, Stable: st, Snapshots: server.NewMemorySnapshots()}
 }
 
 // IDs returns every node's ID, in index order.
