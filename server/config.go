@@ -154,6 +154,7 @@ type Limits struct {
 	// NewConnsPerHost caps the new connections a second from one remote
 	// address on each port (API and Raft), with a burst of as many; past
 	// it a new connection is closed at once, before its TLS handshake.
+	// Negative: no bound.
 	NewConnsPerHost int
 	// MaxStreams caps the concurrent calls on one API connection.
 	MaxStreams uint32

@@ -18,7 +18,7 @@ import (
 type limitListener struct {
 	net.Listener
 	maxTotal, maxPerHost int
-	rate                 float64          // new connections a second from one host, and the burst; 0: any
+	rate                 float64          // new connections a second from one host, and the burst; 0 or less: any
 	refused              *atomic.Uint64   // counted for tests and logs
 	now                  func() time.Time // the clock of the rate
 

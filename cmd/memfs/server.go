@@ -83,7 +83,7 @@ neither flag waits until the cluster adds it (memfs node replace).`,
 	f.IntVar(&l.MaxConnsPerHost, "max-conns-per-host", dl.MaxConnsPerHost, "open API connections from one remote address")
 	f.IntVar(&l.MaxRaftConns, "max-raft-conns", dl.MaxRaftConns, "open Raft connections")
 	f.IntVar(&l.MaxRaftConnsPerHost, "max-raft-conns-per-host", dl.MaxRaftConnsPerHost, "open Raft connections from one remote address")
-	f.IntVar(&l.NewConnsPerHost, "new-conns-per-host", dl.NewConnsPerHost, "new connections a second from one remote address, on each port")
+	f.IntVar(&l.NewConnsPerHost, "new-conns-per-host", dl.NewConnsPerHost, "new connections a second from one remote address, on each port (negative: no bound)")
 	f.Uint32Var(&l.MaxStreams, "max-streams", dl.MaxStreams, "concurrent calls on one API connection")
 	f.DurationVar(&l.HandshakeTimeout, "handshake-timeout", dl.HandshakeTimeout, "time a new connection has for its TLS handshake and gRPC preface")
 	d := server.DefaultRaftTuning()
