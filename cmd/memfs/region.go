@@ -248,13 +248,12 @@ type app struct {
 // resumption is when the application went on after a handoff.
 type resumption struct {
 	lastOK time.Time // its last accepted write on the old holder
-	next   time.Time // when it was given the new holder's region
-	first  time.Time // when its first write there was accepted
+	first  time.Time // when its first write on the new one was accepted
 }
 
 func (a *app) run(ctx context.Context) {
 	var b [8]byte
-	var waitFrom, gotNext time.Time
+	var waitFrom time.Time
 	for ctx.Err() == nil {
 		a.mu.Lock()
 		r := a.r
@@ -270,7 +269,7 @@ func (a *app) run(ctx context.Context) {
 			a.writes++
 			now := time.Now()
 			if !waitFrom.IsZero() {
-				a.resumed <- resumption{lastOK: waitFrom, next: gotNext, first: now}
+				a.resumed <- resumption{lastOK: waitFrom, first: now}
 				waitFrom = time.Time{}
 			}
 			a.lastOK = now
@@ -280,7 +279,6 @@ func (a *app) run(ctx context.Context) {
 			a.mu.Unlock()
 			select {
 			case nr := <-a.next:
-				gotNext = time.Now()
 				a.mu.Lock()
 				a.r = nr
 				a.mu.Unlock()
@@ -459,19 +457,19 @@ func (o *regionHandoffOptions) run(ctx context.Context, cmd *cobra.Command, c *c
 		}
 		hr.took, hr.pushed, hr.final, hr.dirty = hs.Took, hs.Pushed, hs.Final, hs.DirtySinceLeech
 		hr.refetched = holder.Progress().Pulled - pulledBefore
-		tk2 := l.Taken()
-		for k, at := range []time.Time{tk2.Seen, tk2.Trusted, tk2.Ready, res.first} {
+		ts := l.Taken()
+		for k, at := range []time.Time{ts.Seen, ts.Trusted, ts.Ready, res.first} {
 			hr.after[k] = at.Sub(finalized)
 		}
 		how := "listed by the handoff"
-		if !l.Taken().Reported {
+		if !ts.Reported {
 			how = "found by reading every hash"
 		}
 		rounds = append(rounds, hr)
 		fmt.Fprintf(out, "round %d: pause %v (finalize %v; after it returned: handoff seen %v, trusted %v, region ready %v, first write %v), pushed %s in the finalize (%s of it in the handoff command), %s written since the leecher came, "+
 			"%s fetched again by the new holder (%d chunks changed, %s); leech pulled %s in %v; %d counters checked\n",
 			rd+1, round3(hr.pause), round3(hr.took), round3(hr.after[0]), round3(hr.after[1]), round3(hr.after[2]), round3(hr.after[3]), formatBytes(hr.pushed), formatBytes(hr.final), formatBytes(hr.dirty),
-			formatBytes(hr.refetched), l.Taken().Changed, how, formatBytes(hr.leechPulled), round(hr.leech), n)
+			formatBytes(hr.refetched), ts.Changed, how, formatBytes(hr.leechPulled), round(hr.leech), n)
 	}
 	stopApp()
 	<-appDone
