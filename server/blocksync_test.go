@@ -294,7 +294,7 @@ func TestBlockCorruptInTransitIsFetchedElsewhere(t *testing.T) {
 	writeChunks(s, "/f", 0, data)
 
 	liar := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())})
-	b, dir := server.NewTestSync(t, time.Minute, 5*time.Second)
+	b, dir := server.NewTestSync(t, servertest.Logger(), time.Minute, 5*time.Second)
 	// "a-liar" sorts first, so it is asked first for every block.
 	src := b.Source(map[string]string{"a-liar": liar, "good": good.APIAddr(), "me": "x"})
 	var want []fsm.BlockWant
@@ -350,7 +350,7 @@ func TestBlockNobodyDeliversIsLost(t *testing.T) {
 	data := uniqueBytes(2*chunk, 11)
 	writeChunks(s, "/f", 0, data)
 	liar, staller := servePeer(t, &lyingPeer{good: c.Client(good.APIAddr())}), servePeer(t, stallingPeer{})
-	b, dir := server.NewTestSync(t, 0, 200*time.Millisecond)
+	b, dir := server.NewTestSync(t, servertest.Logger(), 0, 200*time.Millisecond)
 	src := b.Source(map[string]string{"liar": liar, "staller": staller})
 	want := []fsm.BlockWant{{Hash: block.Sum(data[:chunk]), Size: chunk, Ino: 2, FileSize: 2 * chunk}}
 	_, err := src.Blocks(ctxTimeout(t, 30*time.Second), want)
@@ -365,7 +365,7 @@ func TestBlockNobodyDeliversIsLost(t *testing.T) {
 // waiting out the give-up time meant for unreachable peers.
 func TestBlockEveryPeerLacksFailsAtOnce(t *testing.T) {
 	c := servertest.StartCluster(t, 1)
-	b, _ := server.NewTestSync(t, time.Hour, 5*time.Second)
+	b, _ := server.NewTestSync(t, servertest.Logger(), time.Hour, 5*time.Second)
 	src := b.Source(map[string]string{"n0": c.Node(0).APIAddr()})
 	want := []fsm.BlockWant{{Hash: block.Sum([]byte("held by nobody")), Size: 14, Ino: 2, FileSize: 14}}
 	_, err := src.Blocks(ctxTimeout(t, time.Minute), want)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -91,14 +90,14 @@ func (n *Node) SyncWantBytes() uint64         { return n.sync.wantBytes.Load() }
 // TestSync is the block sync of an empty node with a block directory.
 type TestSync struct{ b *blockSync }
 
-func NewTestSync(t *testing.T, giveUp, idle time.Duration) (*TestSync, *blockdir.Dir) {
+func NewTestSync(t *testing.T, log *slog.Logger, giveUp, idle time.Duration) (*TestSync, *blockdir.Dir) {
 	f, err := fsm.New(fsm.Config{})
 	require.NoError(t, err)
 	dir, err := blockdir.Open(t.TempDir())
 	require.NoError(t, err)
 	ps := newPeers(nil, nil)
 	t.Cleanup(ps.close)
-	return &TestSync{&blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: testLogger(),
+	return &TestSync{&blockSync{id: "me", fsm: f, dir: dir, peers: ps, priority: SmallFilesFirst, log: log,
 		giveUp: giveUp, idle: idle}}, dir
 }
 
@@ -121,11 +120,3 @@ func (n *Node) VerifyRounds() uint64 { return n.verifier.roundsRun.Load() }
 // The vote gate.
 func (n *Node) VoteGated() bool    { return n.gate.gated }
 func (n *Node) VoteGateOpen() bool { return n.gate.open.Load() }
-
-// testLogger logs warnings and errors to stderr, like servertest's nodes;
-// MEMFS_TEST_LOG=debug or info shows more.
-func testLogger() *slog.Logger {
-	level := slog.LevelWarn
-	_ = level.UnmarshalText([]byte(os.Getenv("MEMFS_TEST_LOG")))
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-}

@@ -120,9 +120,9 @@ func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	return c
 }
 
-// testLogger logs warnings and errors to stderr; MEMFS_TEST_LOG=debug or
-// info shows more.
-func testLogger() *slog.Logger {
+// Logger is the log of servertest's nodes, for a test's own parts: warnings
+// and errors to stderr; MEMFS_TEST_LOG=debug or info shows more.
+func Logger() *slog.Logger {
 	level := slog.LevelWarn
 	_ = level.UnmarshalText([]byte(os.Getenv("MEMFS_TEST_LOG")))
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -137,7 +137,7 @@ func (c *Cluster) newConfig(i int) server.Config {
 	cfg := server.Config{
 		ID: id, DataDir: filepath.Join(dir, id),
 		RaftAddr: "127.0.0.1:0", APIAddr: "127.0.0.1:0",
-		Logger: testLogger(), RaftLogLevel: os.Getenv("MEMFS_TEST_RAFT_LOG"),
+		Logger: Logger(), RaftLogLevel: os.Getenv("MEMFS_TEST_RAFT_LOG"),
 	}
 	if cfg.RaftLogLevel == "" {
 		cfg.RaftLogLevel = "error" // joins and elections warn by design
@@ -346,7 +346,7 @@ func (c *Cluster) NodeTLS(id string) *tlsconf.Source {
 			c.t.Fatalf("write node certificate: %v", err)
 		}
 	}
-	src, err := tlsconf.Load(c.CertFiles(id), testLogger())
+	src, err := tlsconf.Load(c.CertFiles(id), Logger())
 	if err != nil {
 		c.t.Fatalf("load node certificate: %v", err)
 	}
@@ -358,7 +358,7 @@ func (c *Cluster) NodeTLS(id string) *tlsconf.Source {
 // there) for a client, reloading it when the files change.
 func (c *Cluster) ClientTLS(name string) *tlsconf.Source {
 	c.t.Helper()
-	src, err := tlsconf.Load(c.CertFiles(name), testLogger())
+	src, err := tlsconf.Load(c.CertFiles(name), Logger())
 	if err != nil {
 		c.t.Fatalf("load certificate %s: %v", name, err)
 	}
