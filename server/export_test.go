@@ -118,5 +118,13 @@ func (n *Node) LeaseServed() uint64  { return n.lease.served.Load() }
 func (n *Node) VerifyRounds() uint64 { return n.verifier.roundsRun.Load() }
 
 // The vote gate.
-func (n *Node) VoteGated() bool    { return n.gate.gated }
-func (n *Node) VoteGateOpen() bool { return n.gate.open.Load() }
+func (n *Node) VoteGated() bool      { return n.gate.gated }
+func (n *Node) VoteGateOpen() bool   { return n.gate.open.Load() }
+func (n *Node) VoteFloorKnown() bool { return n.gate.floor.Load() != nil }
+
+// HoldVoteGates keeps every closed vote gate of the process closed until
+// the test ends, as if its node could not catch up.
+func HoldVoteGates(t testing.TB) {
+	holdVoteGate.Store(true)
+	t.Cleanup(func() { holdVoteGate.Store(false) })
+}

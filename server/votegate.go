@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,12 +38,20 @@ import (
 // closed, the gate answers vote and pre-vote requests with a refusal and
 // fails the node's own, so it can neither elect nor be elected; it opens
 // once the node has applied everything the cluster had committed when it
-// rejoined.
+// rejoined, or its log reaches that point.
+//
+// While closed, the gate still lets through a vote request from a
+// candidate that must hold everything committed at the rejoin (see
+// voteFloor.admits). Without that, a second node lost while the first
+// catches up wedges the cluster for good: the node that has every entry
+// cannot win an election without the gated node's vote, and the gated
+// node cannot catch up without a leader.
 type voteGate struct {
 	raft.Transport
 	id    raft.ServerID
 	gated bool // votes pass only once open
 	open  atomic.Bool
+	floor atomic.Pointer[voteFloor] // nil until the cluster answered
 	out   chan raft.RPC
 	stop  chan struct{}
 	once  sync.Once
@@ -115,14 +124,49 @@ func (g *voteGate) run() {
 	}
 }
 
-// refuse answers a vote or pre-vote request with a refusal.
+// voteFloor is what the cluster had when an amnesiac node rejoined: the
+// highest term and the highest commit index its members reported.
+type voteFloor struct{ term, index uint64 }
+
+// admits reports whether a candidate whose log ends at (lastTerm,
+// lastIndex), campaigning for term, must hold every entry committed up
+// to the floor, so that the amnesiac node may vote for it (Raft itself
+// still compares the candidate with the node's own log).
+//
+// A last entry of the floor's term at or past its index holds the prefix
+// of that term's leader's log up to there (Raft's log matching), and that
+// leader had every entry committed before it; a last entry of a later
+// term was written by a leader elected after those commits, which holds
+// them all. A candidate's term must pass the floor's term: the node may
+// have voted in that term before it forgot.
+func (f *voteFloor) admits(term, lastTerm, lastIndex uint64) bool {
+	return f != nil && term > f.term && f.heldBy(lastTerm, lastIndex)
+}
+
+// heldBy reports whether a log ending at (lastTerm, lastIndex) is at or
+// past the floor. A floor without a term (a member too old to report
+// one) holds by nothing.
+func (f *voteFloor) heldBy(lastTerm, lastIndex uint64) bool {
+	return f.term > 0 && (lastTerm > f.term || (lastTerm == f.term && lastIndex >= f.index))
+}
+
+// refuse answers a vote or pre-vote request with a refusal unless the
+// floor admits its candidate.
 func (g *voteGate) refuse(rpc raft.RPC) bool {
 	head := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(g.id),
 		Addr: g.EncodePeer(g.id, g.LocalAddr())}
+	floor := g.floor.Load()
+
 	switch req := rpc.Command.(type) {
 	case *raft.RequestVoteRequest:
+		if floor.admits(req.Term, req.LastLogTerm, req.LastLogIndex) {
+			return false
+		}
 		rpc.Respond(&raft.RequestVoteResponse{RPCHeader: head, Term: req.Term}, nil)
 	case *raft.RequestPreVoteRequest:
+		if floor.admits(req.Term, req.LastLogTerm, req.LastLogIndex) {
+			return false
+		}
 		rpc.Respond(&raft.RequestPreVoteResponse{RPCHeader: head, Term: req.Term}, nil)
 	default:
 		return false
@@ -157,38 +201,66 @@ func (g *voteGate) Close() error {
 	return nil
 }
 
-// openWhenCaughtUp opens the gate once this node has applied the highest
-// commit index the members report, asked after the join.
+// openWhenCaughtUp learns the cluster's floor after the join and opens
+// the gate once this node has applied the floor's index, or its own log
+// has reached the floor (then it holds everything the floor stands for,
+// by the argument of voteFloor.admits).
 func (n *Node) openWhenCaughtUp(g *voteGate) {
-	target := uint64(0)
-	for target == 0 {
-		target = n.clusterCommitIndex()
-		if target == 0 {
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-n.ctx.Done():
-				return
-			}
+	var floor voteFloor
+	for floor.index == 0 {
+		if floor = n.clusterFloor(); floor.index == 0 && !n.sleep(200*time.Millisecond) {
+			return
 		}
 	}
-	if err := n.rfsm.waitApplied(n.ctx, target); err != nil {
-		return
+	g.floor.Store(&floor)
+	for !n.reached(floor) || holdVoteGate.Load() {
+		if !n.sleep(20 * time.Millisecond) {
+			return
+		}
 	}
 	g.open.Store(true)
-	n.log.Info("caught up after losing state: voting again", "index", target)
+	n.log.Info("caught up after losing state: voting again", "term", floor.term, "index", floor.index)
 }
 
-// clusterCommitIndex asks the members (the --join addresses and the API
-// addresses the replicated member map names) for their commit indexes and
-// returns the highest (0 when none answered).
-func (n *Node) clusterCommitIndex() uint64 {
+// holdVoteGate keeps closed gates closed, for tests of a node that has
+// not caught up.
+var holdVoteGate atomic.Bool
+
+// sleep waits d and reports false when the node stops first.
+func (n *Node) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-n.ctx.Done():
+		return false
+	}
+}
+
+// reached reports whether this node has applied the floor's index or its
+// log ends at or past the floor.
+func (n *Node) reached(f voteFloor) bool {
+	if n.rfsm.applied.Load() >= f.index {
+		return true
+	}
+	st := n.raft.Stats()
+	term, _ := strconv.ParseUint(st["last_log_term"], 10, 64)
+	index, _ := strconv.ParseUint(st["last_log_index"], 10, 64)
+	return f.heldBy(term, index)
+}
+
+// clusterFloor asks the members (the --join addresses and the API
+// addresses the replicated member map names) for their terms and commit
+// indexes and returns the highest of each (zero when none answered).
+func (n *Node) clusterFloor() voteFloor {
 	addrs := slices.Clone(n.cfg.Join)
 	for id, a := range n.Members() {
 		if id != n.cfg.ID && !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
-	var best uint64
+	var f voteFloor
 	for _, addr := range addrs {
 		cli, err := n.peers.client(addr)
 		if err != nil {
@@ -202,9 +274,10 @@ func (n *Node) clusterCommitIndex() uint64 {
 		}
 		for _, ns := range st.GetNodes() {
 			if ns.GetId() != n.cfg.ID {
-				best = max(best, ns.GetCommitIndex())
+				f.index = max(f.index, ns.GetCommitIndex())
+				f.term = max(f.term, ns.GetTerm())
 			}
 		}
 	}
-	return best
+	return f
 }

@@ -80,3 +80,58 @@ func TestHeartbeatsStopBeforeStoresClose(t *testing.T) {
 	require.Error(t, a.AppendEntries("b", b.LocalAddr(), heartbeat, &resp), "a stopped node refuses heartbeats")
 	require.Equal(t, 1, calls)
 }
+
+func TestVoteFloorAdmits(t *testing.T) {
+	floor := &voteFloor{term: 5, index: 100}
+	cases := []struct {
+		name                  string
+		floor                 *voteFloor
+		term, lastTerm, index uint64
+		want                  bool
+	}{
+		{"no floor yet", nil, 6, 5, 100, false},
+		{"floor without a term", &voteFloor{index: 100}, 6, 5, 100, false},
+		{"the floor's own term", floor, 5, 5, 100, false},
+		{"last entry of the floor's term at its index", floor, 6, 5, 100, true},
+		{"last entry of the floor's term past its index", floor, 6, 5, 140, true},
+		{"last entry of the floor's term short of its index", floor, 6, 5, 99, false},
+		{"last entry of a later term", floor, 7, 6, 3, true},
+		{"last entry of an earlier term", floor, 6, 4, 500, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, c.floor.admits(c.term, c.lastTerm, c.index))
+		})
+	}
+}
+
+func TestClosedGatePassesACandidateAboveItsFloor(t *testing.T) {
+	addrA, a := raft.NewInmemTransport("")
+	addrB, b := raft.NewInmemTransport("")
+	a.Connect(addrB, b)
+	b.Connect(addrA, a)
+	g := newVoteGate(b, "b", true)
+	t.Cleanup(func() { g.Close(); a.Close() })
+	g.floor.Store(&voteFloor{term: 4, index: 50})
+	go func() {
+		for rpc := range g.Consumer() {
+			switch rpc.Command.(type) {
+			case *raft.RequestVoteRequest:
+				rpc.Respond(&raft.RequestVoteResponse{Term: 5, Granted: true}, nil)
+			case *raft.RequestPreVoteRequest:
+				rpc.Respond(&raft.RequestPreVoteResponse{Term: 5, Granted: true}, nil)
+			}
+		}
+	}()
+
+	var vr raft.RequestVoteResponse
+	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 5, LastLogTerm: 4, LastLogIndex: 49}, &vr))
+	require.False(t, vr.Granted, "a candidate short of the floor is refused")
+	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 5, LastLogTerm: 4, LastLogIndex: 50}, &vr))
+	require.True(t, vr.Granted, "a candidate at the floor reaches Raft")
+	var pr raft.RequestPreVoteResponse
+	require.NoError(t, a.RequestPreVote("b", addrB, &raft.RequestPreVoteRequest{Term: 5, LastLogTerm: 4, LastLogIndex: 50}, &pr))
+	require.True(t, pr.Granted)
+	require.ErrorIs(t, g.RequestVote("a", addrA, &raft.RequestVoteRequest{Term: 6}, &vr), errVoteGated,
+		"the gated node still may not campaign")
+}
