@@ -25,8 +25,9 @@ func newFileCmds() []*cobra.Command {
 		newMkdirCmd(), newRmCmd(), newMvCmd(), newLnCmd()}
 }
 
-// copyBuf is the size of the pieces put and get move: large enough that a
-// piece is one streamed command, small enough to keep memory flat.
+// copyBuf is the size of the pieces get (and cat) read, one at a time:
+// large enough that a piece is one streamed answer, small enough to keep
+// memory flat. Put writes smaller pieces, several at once (putPiece).
 const copyBuf = 8 << 20
 
 func newLsCmd() *cobra.Command {
@@ -232,9 +233,9 @@ func newPutCmd() *cobra.Command {
 		Use:   "put LOCAL REMOTE",
 		Short: "Copy a local file (or - for standard input) into the cluster",
 		Long: `Copy a local file (or - for standard input) into the cluster. If REMOTE is
-an existing directory the file keeps its name inside it. Each piece of up to
-8 MiB is committed before the next is sent; --timeout bounds the wait for
-each piece, not the whole copy. The data goes to a hidden temporary file
+an existing directory the file keeps its name inside it. The file goes in
+pieces of 1 MiB, 16 in flight; --timeout bounds the wait for each piece,
+not the whole copy. The data goes to a hidden temporary file
 beside REMOTE that is renamed over it at the end, so a failed or
 interrupted copy leaves REMOTE as it was.`,
 		Args: cobra.ExactArgs(2),

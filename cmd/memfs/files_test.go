@@ -56,8 +56,8 @@ func TestFileCommandsEndToEnd(t *testing.T) {
 	m := cli{t: t, bin: bin, cluster: strings.Join(cluster.APIAddrs(), ",")}
 	dir := t.TempDir()
 
-	// put/cat/get of a file larger than one message.
-	content := make([]byte, 3<<20+123)
+	// put/cat/get of a file of several pieces, larger than one message.
+	content := make([]byte, 2*copyBuf+3<<20+123)
 	rand.NewChaCha8([32]byte{7}).Read(content)
 	local := filepath.Join(dir, "local.bin")
 	require.NoError(t, os.WriteFile(local, content, 0o644))

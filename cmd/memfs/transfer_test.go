@@ -8,8 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -165,4 +167,69 @@ func TestFailedTransfersLeaveNothing(t *testing.T) {
 	fi, err := os.Stat(kept)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
+
+// recordingFile is an io.WriterAt that keeps what it is given and counts
+// the writes in progress at once.
+type recordingFile struct {
+	mu       sync.Mutex
+	data     []byte
+	now, top int
+	pause    time.Duration
+	failAt   int64 // offset whose write fails; -1 for none
+}
+
+func (f *recordingFile) WriteAt(p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	f.now++
+	f.top = max(f.top, f.now)
+	f.mu.Unlock()
+	time.Sleep(f.pause)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now--
+	if off == f.failAt {
+		return 0, syscall.ENOSPC
+	}
+	if end := int(off) + len(p); end > len(f.data) {
+		f.data = append(f.data, make([]byte, end-len(f.data))...)
+	}
+	copy(f.data[off:], p)
+	return len(p), nil
+}
+
+func TestWritePiecesKeepsAWindowInFlight(t *testing.T) {
+	for _, size := range []int{0, 5, 1000, 4096, 10*1000 + 7} {
+		data := make([]byte, size)
+		rand.NewChaCha8([32]byte{byte(size)}).Read(data)
+		f := &recordingFile{pause: 5 * time.Millisecond, failAt: -1}
+		// A reader that returns little at a time: pieces are still whole.
+		require.NoError(t, writePieces(f, iotest.HalfReader(bytes.NewReader(data)), 1000, 3, nil))
+		require.Equal(t, data, append([]byte{}, f.data...), "size %d", size)
+		if size > 3000 {
+			require.Equal(t, 3, f.top, "size %d: writes in flight", size)
+		}
+	}
+}
+
+func TestWritePiecesStopsAtTheFirstError(t *testing.T) {
+	f := &recordingFile{failAt: 2000}
+	read := &countingReader{r: bytes.NewReader(make([]byte, 100_000))}
+	err := writePieces(f, read, 1000, 2, nil)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.Less(t, read.n, int64(10_000), "reading goes on after a failed write")
+
+	broken := io.MultiReader(bytes.NewReader(make([]byte, 2500)), iotest.ErrReader(syscall.EIO))
+	require.ErrorIs(t, writePieces(&recordingFile{failAt: -1}, broken, 1000, 2, nil), syscall.EIO)
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
