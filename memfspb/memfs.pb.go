@@ -5367,6 +5367,10 @@ type NodeStatus struct {
 	// The Raft term this node is in: a member whose term runs ahead of the
 	// leader's has been calling elections (it cannot hear the leader).
 	Term uint64 `protobuf:"varint,72,opt,name=term,proto3" json:"term,omitempty"`
+	// The node came back empty (an --ephemeral restart) and has not caught
+	// up with what the members had committed when it rejoined: it campaigns
+	// for nobody and votes only for a candidate that holds all of that.
+	CatchingUp bool `protobuf:"varint,73,opt,name=catching_up,json=catchingUp,proto3" json:"catching_up,omitempty"`
 	// The process's memory as the kernel counts it: resident bytes, and of
 	// those the ones not backed by a file; block_memory_bytes is what the
 	// blocks take of it (fsm/block's arena, pages touched).
@@ -5626,6 +5630,13 @@ func (x *NodeStatus) GetTerm() uint64 {
 		return x.Term
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetCatchingUp() bool {
+	if x != nil {
+		return x.CatchingUp
+	}
+	return false
 }
 
 func (x *NodeStatus) GetRssBytes() uint64 {
@@ -6938,8 +6949,7 @@ const file_memfs_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"I\n" +
 	"\tReadFrame\x12(\n" +
 	"\x06result\x18\x01 \x01(\v2\x10.memfs.v1.ResultR\x06result\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xeb\n" +
-	"\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x8c\v\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -6975,7 +6985,9 @@ const file_memfs_proto_rawDesc = "" +
 	"\x19sync_blocks_fetched_total\x18\x1c \x01(\x04R\x16syncBlocksFetchedTotal\x12<\n" +
 	"\x0fcommand_latency\x18F \x03(\v2\x13.memfs.v1.OpLatencyR\x0ecommandLatency\x126\n" +
 	"\fread_latency\x18G \x03(\v2\x13.memfs.v1.OpLatencyR\vreadLatency\x12\x12\n" +
-	"\x04term\x18H \x01(\x04R\x04term\x12\x1b\n" +
+	"\x04term\x18H \x01(\x04R\x04term\x12\x1f\n" +
+	"\vcatching_up\x18I \x01(\bR\n" +
+	"catchingUp\x12\x1b\n" +
 	"\trss_bytes\x18( \x01(\x04R\brssBytes\x12\x1d\n" +
 	"\n" +
 	"anon_bytes\x18) \x01(\x04R\tanonBytes\x12,\n" +

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/memoryfs/memfs/memfspb"
 )
@@ -48,6 +49,7 @@ func (n *Node) selfStatus() *pb.NodeStatus {
 		Id: n.cfg.ID, ApiAddr: n.apiAddr, RaftAddr: n.raftAddr,
 		State: n.raft.State().String(), AppliedIndex: n.AppliedIndex(), Voter: voter,
 		CommitIndex: n.raft.CommitIndex(), LastLogIndex: n.raft.LastIndex(), Term: n.raft.CurrentTerm(),
+		CatchingUp:   n.gate != nil && !n.gate.open.Load(),
 		LogicalBytes: st.LogicalBytes, PhysicalBytes: st.Block.PhysicalBytes, SharedBytes: st.Block.SharedBytes,
 		LogBytes: tr.LogBytes, NetSentBytes: tr.NetSent, NetReceivedBytes: tr.NetReceived,
 		WireDedupBytes: tr.DedupBytes,
@@ -105,19 +107,12 @@ func (n *Node) askPeerStatus(ctx context.Context, ns *pb.NodeStatus) {
 		return
 	}
 	if s := r.GetSelf(); s != nil {
-		ns.State, ns.AppliedIndex = s.State, s.AppliedIndex
-		ns.CommitIndex, ns.LastLogIndex = s.CommitIndex, s.LastLogIndex
-		ns.LogicalBytes, ns.PhysicalBytes, ns.SharedBytes = s.LogicalBytes, s.PhysicalBytes, s.SharedBytes
-		ns.LogBytes, ns.NetSentBytes, ns.NetReceivedBytes = s.LogBytes, s.NetSentBytes, s.NetReceivedBytes
-		ns.WireDedupBytes = s.WireDedupBytes
-		ns.SyncBlocksWanted, ns.SyncBlocksFetched = s.SyncBlocksWanted, s.SyncBlocksFetched
-		ns.SyncBytesWanted, ns.SyncBytesFetched, ns.Restoring = s.SyncBytesWanted, s.SyncBytesFetched, s.Restoring
-		ns.SyncBytesServed, ns.SyncBytesFetchedTotal, ns.SyncCorruptBlocks = s.SyncBytesServed, s.SyncBytesFetchedTotal, s.SyncCorruptBlocks
-		ns.DiskBlocks, ns.DiskBytes, ns.DiskBytesWritten = s.DiskBlocks, s.DiskBytes, s.DiskBytesWritten
-		ns.SyncBlocksFetchedTotal = s.SyncBlocksFetchedTotal
-		ns.CommandLatency, ns.ReadLatency, ns.Term = s.CommandLatency, s.ReadLatency, s.Term
-		ns.RssBytes, ns.AnonBytes, ns.BlockMemoryBytes = s.RssBytes, s.AnonBytes, s.BlockMemoryBytes
-		ns.ProcessMemoryLimit, ns.BlockBudget = s.ProcessMemoryLimit, s.BlockBudget
+		// Everything the node says of itself, but who it is and whether it
+		// votes as this node's configuration has them.
+		id, raftAddr, api, voter := ns.Id, ns.RaftAddr, ns.ApiAddr, ns.Voter
+		proto.Reset(ns)
+		proto.Merge(ns, s)
+		ns.Id, ns.RaftAddr, ns.ApiAddr, ns.Voter, ns.Error = id, raftAddr, api, voter, ""
 	}
 }
 

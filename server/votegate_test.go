@@ -45,6 +45,13 @@ func TestLeaderLostWhileANodeCatchesUp(t *testing.T) {
 	gated := c.Restart(a)
 	require.Eventually(t, gated.VoteFloorKnown, 30*time.Second, 20*time.Millisecond)
 	require.False(t, gated.VoteGateOpen())
+	st := leader.ClusterStatus(ctxTimeout(t, 10*time.Second))
+	require.Len(t, st.Nodes, 3)
+	for _, ns := range st.Nodes {
+		require.Empty(t, ns.Error)
+		require.Equal(t, ns.Id == gated.ID(), ns.CatchingUp, "status of %s", ns.Id)
+		require.True(t, ns.Voter)
+	}
 
 	c.Kill(c.Index(leader))
 	next := c.WaitLeader(30 * time.Second)

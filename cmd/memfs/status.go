@@ -65,6 +65,9 @@ func printStatus(w io.Writer, r statusreport.Report) error {
 		if state == "" {
 			state = "?"
 		}
+		if n.CatchingUp {
+			state += " (catching up: not voting)"
+		}
 		if n.Restoring {
 			state += fmt.Sprintf(" (restoring %d/%d blocks)", n.SyncBlocksFetched, n.SyncBlocksWanted)
 		}

@@ -39,7 +39,11 @@ type Node struct {
 	LastLogIndex uint64 `json:"last_log_index"`
 	Voter        bool   `json:"voter"`
 	Term         uint64 `json:"term"`
-	Error        string `json:"error,omitempty"`
+	// CatchingUp: back empty after losing its state and not yet holding
+	// what the members had committed then; it does not campaign, and votes
+	// only for a candidate that holds all of that.
+	CatchingUp bool   `json:"catching_up"`
+	Error      string `json:"error,omitempty"`
 	// The node's own totals and counters since it started.
 	LogicalBytes     uint64 `json:"logical_bytes"`
 	PhysicalBytes    uint64 `json:"physical_bytes"`
@@ -84,7 +88,7 @@ func New(st *pb.StatusResponse) Report {
 		r.Nodes = append(r.Nodes, Node{
 			ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State,
 			AppliedIndex: n.AppliedIndex, CommitIndex: n.CommitIndex, LastLogIndex: n.LastLogIndex,
-			Voter: n.Voter, Term: n.Term, Error: n.Error,
+			Voter: n.Voter, Term: n.Term, CatchingUp: n.CatchingUp, Error: n.Error,
 			LogicalBytes: n.LogicalBytes, PhysicalBytes: n.PhysicalBytes, SharedBytes: n.SharedBytes,
 			LogBytes: n.LogBytes, NetSentBytes: n.NetSentBytes, NetReceivedBytes: n.NetReceivedBytes,
 			WireDedupBytes: n.WireDedupBytes,

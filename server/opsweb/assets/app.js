@@ -84,6 +84,9 @@ function render(d) {
     if (n.restoring || n.sync_blocks_wanted > n.sync_blocks_fetched) {
       sync = n.sync_blocks_fetched + "/" + n.sync_blocks_wanted + " blocks, " +
         bytes(n.sync_bytes_fetched) + "/" + bytes(n.sync_bytes_wanted) + (n.restoring ? " (restoring)" : "");
+    } else if (n.catching_up) {
+      // Back empty after losing its state: it votes only once caught up.
+      sync = "catching up after losing its state, not voting" + (lag ? ": " + lag + " entries behind" : "");
     } else if (!n.voter && !n.error && lag !== "" && lag > 0) {
       // A node being added (memfs node replace) before its promotion.
       sync = "catching up: " + lag + " entries behind";
