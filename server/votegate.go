@@ -125,7 +125,8 @@ func (g *voteGate) run() {
 }
 
 // voteFloor is what the cluster had when an amnesiac node rejoined: the
-// highest term and the highest commit index its members reported.
+// highest commit index its members reported, and a term at least that of
+// the leader that committed it (floorOf).
 type voteFloor struct{ term, index uint64 }
 
 // admits reports whether a candidate whose log ends at (lastTerm,
@@ -133,11 +134,15 @@ type voteFloor struct{ term, index uint64 }
 // to the floor, so that the amnesiac node may vote for it (Raft itself
 // still compares the candidate with the node's own log).
 //
-// A last entry of the floor's term at or past its index holds the prefix
-// of that term's leader's log up to there (Raft's log matching), and that
-// leader had every entry committed before it; a last entry of a later
-// term was written by a leader elected after those commits, which holds
-// them all. A candidate's term must pass the floor's term: the node may
+// Every entry up to the floor's index was committed by a leader of the
+// floor's term or an earlier one. A last entry of the floor's term at or
+// past its index holds the prefix of that term's leader's log up to there
+// (Raft's log matching), and that leader held every entry committed by
+// then or by itself; a last entry of a later term was written by a leader
+// elected after those commits, which holds them all (Raft's leader
+// completeness). The last entry's term alone would not do: a leader
+// elected between an entry's term and the term that committed it may
+// lack it. A candidate's term must pass the floor's term: the node may
 // have voted in that term before it forgot.
 func (f *voteFloor) admits(term, lastTerm, lastIndex uint64) bool {
 	return f != nil && term > f.term && f.heldBy(lastTerm, lastIndex)
@@ -251,8 +256,8 @@ func (n *Node) reached(f voteFloor) bool {
 }
 
 // clusterFloor asks the members (the --join addresses and the API
-// addresses the replicated member map names) for their terms and commit
-// indexes and returns the highest of each (zero when none answered).
+// addresses the replicated member map names) for their reports and makes
+// the floor of them (zero when none answered).
 func (n *Node) clusterFloor() voteFloor {
 	addrs := slices.Clone(n.cfg.Join)
 	for id, a := range n.Members() {
@@ -260,7 +265,7 @@ func (n *Node) clusterFloor() voteFloor {
 			addrs = append(addrs, a)
 		}
 	}
-	var f voteFloor
+	var reports []*pb.NodeStatus
 	for _, addr := range addrs {
 		cli, err := n.peers.client(addr)
 		if err != nil {
@@ -269,14 +274,28 @@ func (n *Node) clusterFloor() voteFloor {
 		ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
 		st, err := cli.Status(ctx, &pb.StatusRequest{Version: pb.Version})
 		cancel()
-		if err != nil {
+		if err == nil {
+			reports = append(reports, st.GetNodes()...)
+		}
+	}
+	return floorOf(reports, n.cfg.ID)
+}
+
+// floorOf makes a floor of the other members' reports: the highest commit
+// index any reports, with the term of the member that reports it (the
+// lowest term among several). That member learned the index from a leader
+// of that term or an earlier one, which is what voteFloor.admits needs; a
+// higher term another member reached in a failed election would only make
+// the floor harder to pass.
+func floorOf(reports []*pb.NodeStatus, self string) voteFloor {
+	var f voteFloor
+	for _, ns := range reports {
+		if ns.GetId() == self || ns.GetError() != "" {
 			continue
 		}
-		for _, ns := range st.GetNodes() {
-			if ns.GetId() != n.cfg.ID {
-				f.index = max(f.index, ns.GetCommitIndex())
-				f.term = max(f.term, ns.GetTerm())
-			}
+		idx, term := ns.GetCommitIndex(), ns.GetTerm()
+		if idx > f.index || (idx == f.index && term < f.term) {
+			f = voteFloor{term: term, index: idx}
 		}
 	}
 	return f

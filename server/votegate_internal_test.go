@@ -6,6 +6,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
+
+	pb "github.com/memoryfs/memfs/memfspb"
 )
 
 func TestVoteGateKeepsAnAmnesiacNodeOutOfElections(t *testing.T) {
@@ -134,4 +136,28 @@ func TestClosedGatePassesACandidateAboveItsFloor(t *testing.T) {
 	require.True(t, pr.Granted)
 	require.ErrorIs(t, g.RequestVote("a", addrA, &raft.RequestVoteRequest{Term: 6}, &vr), errVoteGated,
 		"the gated node still may not campaign")
+}
+
+func TestFloorOfReports(t *testing.T) {
+	r := func(id string, term, commit uint64, err string) *pb.NodeStatus {
+		return &pb.NodeStatus{Id: id, Term: term, CommitIndex: commit, Error: err}
+	}
+	cases := []struct {
+		name    string
+		reports []*pb.NodeStatus
+		want    voteFloor
+	}{
+		{"nobody answered", nil, voteFloor{}},
+		{"the highest commit index with its reporter's term",
+			[]*pb.NodeStatus{r("n1", 7, 90, ""), r("n2", 6, 120, ""), r("n3", 9, 80, "")}, voteFloor{term: 6, index: 120}},
+		{"the lowest term among reporters of that index",
+			[]*pb.NodeStatus{r("n1", 8, 120, ""), r("n2", 7, 120, "")}, voteFloor{term: 7, index: 120}},
+		{"not this node's own report", []*pb.NodeStatus{r("me", 9, 500, ""), r("n2", 7, 120, "")}, voteFloor{term: 7, index: 120}},
+		{"not a member that could not be asked", []*pb.NodeStatus{r("n1", 0, 0, "timeout"), r("n2", 7, 120, "")}, voteFloor{term: 7, index: 120}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, floorOf(c.reports, "me"))
+		})
+	}
 }
