@@ -10,27 +10,35 @@ import (
 	pb "github.com/memoryfs/memfs/memfspb"
 )
 
-func TestVoteGateKeepsAnAmnesiacNodeOutOfElections(t *testing.T) {
-	addrA, a := raft.NewInmemTransport("")
+// gatedPair connects node a to node b, whose transport is wrapped in a
+// closed gate. The test plays Raft on b: it grants every vote and
+// accepts every append that passes the gate, and hands each on to got.
+func gatedPair(t *testing.T) (g *voteGate, a *raft.InmemTransport, addrA, addrB raft.ServerAddress, got <-chan raft.RPC) {
+	addrA, a = raft.NewInmemTransport("")
 	addrB, b := raft.NewInmemTransport("")
 	a.Connect(addrB, b)
 	b.Connect(addrA, a)
-	g := newVoteGate(b, "b", true)
+	g = newVoteGate(b, "b", true)
 	t.Cleanup(func() { g.Close(); a.Close() })
-
-	// Raft on b would read g.Consumer(); the test plays it.
-	got := make(chan raft.RPC, 4)
+	passed := make(chan raft.RPC, 8)
 	go func() {
 		for rpc := range g.Consumer() {
-			got <- rpc
-			switch rpc.Command.(type) {
+			passed <- rpc
+			switch req := rpc.Command.(type) {
 			case *raft.RequestVoteRequest:
-				rpc.Respond(&raft.RequestVoteResponse{Term: 7, Granted: true}, nil)
+				rpc.Respond(&raft.RequestVoteResponse{Term: req.Term, Granted: true}, nil)
+			case *raft.RequestPreVoteRequest:
+				rpc.Respond(&raft.RequestPreVoteResponse{Term: req.Term, Granted: true}, nil)
 			case *raft.AppendEntriesRequest:
-				rpc.Respond(&raft.AppendEntriesResponse{Term: 7, Success: true}, nil)
+				rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, Success: true}, nil)
 			}
 		}
 	}()
+	return g, a, addrA, addrB, passed
+}
+
+func TestVoteGateKeepsAnAmnesiacNodeOutOfElections(t *testing.T) {
+	g, a, addrA, addrB, got := gatedPair(t)
 
 	var vr raft.RequestVoteResponse
 	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 7}, &vr))
@@ -108,23 +116,8 @@ func TestVoteFloorAdmits(t *testing.T) {
 }
 
 func TestClosedGatePassesACandidateAboveItsFloor(t *testing.T) {
-	addrA, a := raft.NewInmemTransport("")
-	addrB, b := raft.NewInmemTransport("")
-	a.Connect(addrB, b)
-	b.Connect(addrA, a)
-	g := newVoteGate(b, "b", true)
-	t.Cleanup(func() { g.Close(); a.Close() })
+	g, a, addrA, addrB, _ := gatedPair(t)
 	g.floor.Store(&voteFloor{term: 4, index: 50})
-	go func() {
-		for rpc := range g.Consumer() {
-			switch rpc.Command.(type) {
-			case *raft.RequestVoteRequest:
-				rpc.Respond(&raft.RequestVoteResponse{Term: 5, Granted: true}, nil)
-			case *raft.RequestPreVoteRequest:
-				rpc.Respond(&raft.RequestPreVoteResponse{Term: 5, Granted: true}, nil)
-			}
-		}
-	}()
 
 	var vr raft.RequestVoteResponse
 	require.NoError(t, a.RequestVote("b", addrB, &raft.RequestVoteRequest{Term: 5, LastLogTerm: 4, LastLogIndex: 49}, &vr))
