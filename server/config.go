@@ -247,9 +247,12 @@ type RaftTuning struct {
 	// TransportPool is the connections kept per peer.
 	TransportPool int
 	// LogCacheSize is the entries kept in memory in front of the log store,
-	// and LogCacheBytes the most bytes of entry data they may hold.
-	LogCacheSize  int
-	LogCacheBytes int
+	// LogCacheBytes the most bytes of entry data they may hold while
+	// entries arrive, and LogCacheIdleBytes the most once none has arrived
+	// for two seconds.
+	LogCacheSize      int
+	LogCacheBytes     int
+	LogCacheIdleBytes int
 }
 
 // DefaultRaftTuning returns the LAN defaults.
@@ -274,7 +277,8 @@ func DefaultRaftTuning() RaftTuning {
 		TransportTimeout:        10 * time.Second,
 		TransportPool:           3,
 		LogCacheSize:            64,
-		LogCacheBytes:           16 << 20,
+		LogCacheBytes:           64 << 20,
+		LogCacheIdleBytes:       4 << 20,
 	}
 }
 
@@ -316,6 +320,7 @@ func (t RaftTuning) withDefaults() RaftTuning {
 	setInt(&t.TransportPool, d.TransportPool)
 	setInt(&t.LogCacheSize, d.LogCacheSize)
 	setInt(&t.LogCacheBytes, d.LogCacheBytes)
+	setInt(&t.LogCacheIdleBytes, d.LogCacheIdleBytes)
 	return t
 }
 

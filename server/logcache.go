@@ -2,6 +2,8 @@ package server
 
 import (
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -11,9 +13,18 @@ import (
 // with entries of up to MaxBatchBytes, a cache of a fixed count would hold
 // hundreds of MiB of file data on the heap of every node (docs/benchmarks.md,
 // "Memory per stored byte"). A miss reads the store.
+//
+// The leader's replication and every node's state machine read an entry
+// soon after it is stored, so the cache earns its bytes only while writes
+// flow: then it holds up to maxBytes. Over a logCacheIdleAfter in which
+// less than idleBytes arrived (ticks and the odd small command), it keeps
+// only idleBytes, and runs onIdle once for the pause: a node that has
+// stopped writing does not go on holding its last writes twice.
 type logCache struct {
 	raft.LogStore
-	maxEntries, maxBytes int
+	maxEntries, maxBytes, idleBytes int
+	onIdle                          func()
+	arrived                         atomic.Int64 // bytes stored since the last look
 
 	mu    sync.RWMutex
 	byIdx map[uint64]*raft.Log
@@ -21,8 +32,49 @@ type logCache struct {
 	bytes int
 }
 
-func newLogCache(store raft.LogStore, maxEntries, maxBytes int) *logCache {
-	return &logCache{LogStore: store, maxEntries: maxEntries, maxBytes: maxBytes, byIdx: map[uint64]*raft.Log{}}
+// logCacheIdleAfter is the window over which a log cache judges whether
+// writes have paused.
+const logCacheIdleAfter = 2 * time.Second
+
+func newLogCache(store raft.LogStore, maxEntries, maxBytes, idleBytes int, onIdle func()) *logCache {
+	return &logCache{LogStore: store, maxEntries: maxEntries, maxBytes: maxBytes, idleBytes: min(idleBytes, maxBytes),
+		onIdle: onIdle, byIdx: map[uint64]*raft.Log{}}
+}
+
+// watch looks every window whether writes have paused, until stop (which
+// may be called more than once).
+func (c *logCache) watch(window time.Duration) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(window)
+		defer t.Stop()
+		paused := false
+		for {
+			select {
+			case <-t.C:
+			case <-done:
+				return
+			}
+			if c.arrived.Swap(0) >= int64(c.idleBytes) {
+				paused = false
+				continue
+			}
+			c.mu.Lock()
+			c.evictLocked(c.idleBytes)
+			c.mu.Unlock()
+			if !paused && c.onIdle != nil {
+				c.onIdle()
+			}
+			paused = true
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		<-exited
+	}
 }
 
 func (c *logCache) GetLog(idx uint64, out *raft.Log) error {
@@ -53,8 +105,16 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 		}
 		c.byIdx[l.Index] = l
 		c.bytes += len(l.Data)
+		c.arrived.Add(int64(len(l.Data)))
 	}
-	for len(c.order) > 0 && (len(c.order) > c.maxEntries || c.bytes > c.maxBytes) {
+	c.evictLocked(c.maxBytes)
+	return nil
+}
+
+// evictLocked drops the oldest entries until at most maxEntries and
+// maxBytes remain.
+func (c *logCache) evictLocked(maxBytes int) {
+	for len(c.order) > 0 && (len(c.order) > c.maxEntries || c.bytes > maxBytes) {
 		idx := c.order[0]
 		c.order = c.order[1:]
 		if l := c.byIdx[idx]; l != nil {
@@ -65,7 +125,6 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 	if cap(c.order) > 4*c.maxEntries { // order's backing array only grows at its end
 		c.order = append([]uint64(nil), c.order...)
 	}
-	return nil
 }
 
 // DeleteRange empties the cache, as raft.LogCache does: it runs on log

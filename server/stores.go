@@ -14,6 +14,8 @@ import (
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 	"go.etcd.io/bbolt"
+
+	"github.com/memoryfs/memfs/internal/pageout"
 )
 
 // openedStores are the stores of one node and what to close when it stops.
@@ -43,7 +45,7 @@ func openStores(cfg *Config, logger hclog.Logger) (*openedStores, error) {
 		if cfg.Ephemeral {
 			kind = LogStoreMem
 		}
-		if err := s.openLog(kind, cfg.DataDir, cfg.Raft.LogCacheSize, cfg.Raft.LogCacheBytes, logger); err != nil {
+		if err := s.openLog(kind, cfg.DataDir, cfg.Raft, logger); err != nil {
 			_ = s.close()
 			return nil, err
 		}
@@ -65,9 +67,10 @@ func openStores(cfg *Config, logger hclog.Logger) (*openedStores, error) {
 
 // openLog opens the log and stable store of the given kind. Only the
 // fields still nil are set, so a caller may supply one of the two.
-func (s *openedStores) openLog(kind, dir string, cacheSize, cacheBytes int, logger hclog.Logger) error {
+func (s *openedStores) openLog(kind, dir string, tune RaftTuning, logger hclog.Logger) error {
 	var logs raft.LogStore
 	var stable raft.StableStore
+	var onPause func()
 	switch kind {
 	case LogStoreMem:
 		m := raft.NewInmemStore()
@@ -100,9 +103,13 @@ func (s *openedStores) openLog(kind, dir string, cacheSize, cacheBytes int, logg
 		}
 		s.closers = append(s.closers, b)
 		logs, stable = b, b
+		onPause = pageOutOnPause(path, logger)
 	}
 	if kind != LogStoreMem {
-		logs = newLogCache(logs, cacheSize, cacheBytes)
+		c := newLogCache(logs, tune.LogCacheSize, tune.LogCacheBytes, tune.LogCacheIdleBytes, onPause)
+		stop := c.watch(logCacheIdleAfter)
+		s.closers = append(s.closers, closerFunc(func() error { stop(); return nil }))
+		logs = c
 	}
 	if s.Log == nil {
 		s.Log = logs
@@ -134,7 +141,7 @@ func HasState(dir string) (bool, error) {
 			continue
 		}
 		s := &openedStores{}
-		if err := s.openLog(kind, dir, 1, 1, hclog.NewNullLogger()); err != nil {
+		if err := s.openLog(kind, dir, RaftTuning{LogCacheSize: 1, LogCacheBytes: 1}, hclog.NewNullLogger()); err != nil {
 			return false, err
 		}
 		has, err := raft.HasExistingState(s.Log, s.Stable, snaps)
@@ -146,4 +153,31 @@ func HasState(dir string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// pageOutOnPause is the log cache's hook for raft-boltdb. bbolt reads the
+// log through a shared mapping of its file, and every page a read or a
+// compaction touched stays in the node's RSS: hundreds of MiB after a few
+// GiB written (docs/benchmarks.md, "Memory per stored byte"), though the
+// page cache holds them anyway. When writes pause they go back to the
+// kernel; a later read finds them in the page cache.
+func pageOutOnPause(path string, logger hclog.Logger) func() {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real // /proc/self/maps names the file so
+	}
+	return func() {
+		n, err := pageout.File(path)
+		if err != nil {
+			logger.Debug("page out the raft log file", "path", path, "error", err)
+			return
+		}
+		logger.Debug("paged out the raft log file", "path", path, "mapped_bytes", n)
+	}
 }
