@@ -248,8 +248,8 @@ type RaftTuning struct {
 	TransportPool int
 	// LogCacheSize is the entries kept in memory in front of the log store,
 	// LogCacheBytes the most bytes of entry data they may hold while
-	// entries arrive, and LogCacheIdleBytes the most once none has arrived
-	// for two seconds.
+	// writes flow, and LogCacheIdleBytes the most once less than that
+	// arrived in two seconds (see logCache).
 	LogCacheSize      int
 	LogCacheBytes     int
 	LogCacheIdleBytes int
