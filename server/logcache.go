@@ -18,12 +18,12 @@ import (
 // soon after it is stored, so the cache earns its bytes only while writes
 // flow: then it holds up to maxBytes. Over a logCacheIdleAfter in which
 // less than idleBytes arrived (ticks and the odd small command), it keeps
-// only idleBytes, and runs onIdle once for the pause: a node that has
+// only idleBytes, and runs onPause once for the pause: a node that has
 // stopped writing does not go on holding its last writes twice.
 type logCache struct {
 	raft.LogStore
 	maxEntries, maxBytes, idleBytes int
-	onIdle                          func()
+	onPause                         func()
 	arrived                         atomic.Int64 // bytes stored since the last look
 
 	mu    sync.RWMutex
@@ -36,9 +36,9 @@ type logCache struct {
 // writes have paused.
 const logCacheIdleAfter = 2 * time.Second
 
-func newLogCache(store raft.LogStore, maxEntries, maxBytes, idleBytes int, onIdle func()) *logCache {
+func newLogCache(store raft.LogStore, maxEntries, maxBytes, idleBytes int, onPause func()) *logCache {
 	return &logCache{LogStore: store, maxEntries: maxEntries, maxBytes: maxBytes, idleBytes: min(idleBytes, maxBytes),
-		onIdle: onIdle, byIdx: map[uint64]*raft.Log{}}
+		onPause: onPause, byIdx: map[uint64]*raft.Log{}}
 }
 
 // watch looks every window whether writes have paused, until stop (which
@@ -64,8 +64,8 @@ func (c *logCache) watch(window time.Duration) (stop func()) {
 			c.mu.Lock()
 			c.evictLocked(c.idleBytes)
 			c.mu.Unlock()
-			if !paused && c.onIdle != nil {
-				c.onIdle()
+			if !paused && c.onPause != nil {
+				c.onPause()
 			}
 			paused = true
 		}
